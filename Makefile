@@ -1,0 +1,34 @@
+# specfleet developer entry points. `make run` and `make test` are the README's two commands.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+
+.PHONY: setup run check lint unit molecule test clean
+
+setup:  ## controller venv (ansible-core, molecule, testinfra, linters) + collections
+	@scripts/setup-controller
+
+run: setup  ## the whole job on this machine, CPU profile
+	$(BIN)/ansible-playbook site.yml -i inventory/local.yml
+
+check: setup  ## what a run would change, without changing it
+	$(BIN)/ansible-playbook site.yml -i inventory/local.yml --check
+
+lint: setup
+	$(BIN)/ansible-lint
+	$(BIN)/yamllint -s .
+	$(BIN)/ruff check python_helpers tests callback_plugins molecule
+	$(BIN)/ruff format --check python_helpers tests callback_plugins molecule
+
+unit: setup
+	$(BIN)/python -m pytest tests/unit
+
+molecule: setup
+	$(BIN)/molecule test --all
+
+test: lint unit molecule  ## everything CI runs
+
+clean:  ## remove the local work root and caches (not the controller venv)
+	rm -rf .work .cache reports

@@ -1,0 +1,57 @@
+"""Show a running stage's progress while Ansible polls it.
+
+The stage role polls `specfleet_helpers.stage_run status` with `until`; every retry
+carries the stage's state as JSON. This callback prints it as one line per host:
+
+    [a2-node01] train: running 2m31s | step: torchrun epoch 1 | last: ... loss=3.21
+"""
+
+from __future__ import annotations
+
+import json
+
+from ansible.plugins.callback import CallbackBase
+
+DOCUMENTATION = """
+name: specfleet_progress
+type: notification
+short_description: one progress line per poll of a running specfleet stage
+description:
+  - Prints stage, elapsed time, current step and the last log line while a stage runs.
+requirements:
+  - enable in ansible.cfg (callbacks_enabled)
+"""
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def progress_line(host: str, stdout: str) -> str | None:
+    """The line to print for one poll result, or None when it is not a stage status."""
+    try:
+        state = json.loads(stdout)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(state, dict) or state.get("state") != "running" or "name" not in state:
+        return None
+    parts = [f"[{host}] {state['name']}: running {_elapsed(state.get('elapsed_s', 0))}"]
+    if state.get("step"):
+        parts.append(f"step: {state['step']}")
+    last = state.get("last_line") or ""
+    if last and last.lstrip("=> ").strip() != state.get("step"):
+        parts.append(f"last: {last[:120]}")
+    return " | ".join(parts)
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "notification"
+    CALLBACK_NAME = "specfleet_progress"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def v2_runner_retry(self, result) -> None:
+        line = progress_line(result._host.get_name(), result._result.get("stdout", ""))
+        if line:
+            self._display.display(line, color="cyan")

@@ -1,0 +1,49 @@
+"""Pack the specfleet_helpers package into one reproducible zip for shipping to hosts.
+
+The zip's bytes depend only on the sources (sorted names, fixed timestamps, no bytecode),
+so Ansible's copy of it reports `changed` only when a helper really changed. Python imports
+straight from it: `PYTHONPATH=specfleet_helpers.zip python -m specfleet_helpers.<module>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+FIXED_TIME = (2020, 1, 1, 0, 0, 0)
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def build(out: Path, package_dir: Path = PACKAGE_DIR) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    sources = sorted(p for p in package_dir.rglob("*.py") if "__pycache__" not in p.parts)
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for path in sources:
+            info = zipfile.ZipInfo(
+                f"{package_dir.name}/{path.relative_to(package_dir).as_posix()}", FIXED_TIME
+            )
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, path.read_bytes())
+    os.replace(tmp, out)
+    return out
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specfleet_helpers.bundle",
+        description="Write a reproducible zip of the specfleet_helpers package.",
+    )
+    parser.add_argument("--out", type=Path, required=True, help="zip file to write")
+    args = parser.parse_args(argv)
+    print(build(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""Run one pipeline stage's script detached from Ansible, with a timeout, and report on it.
+
+Ansible starts a stage with ``start`` (returns at once) and polls ``status`` until the
+stage has finished, so a long stage never holds an SSH session open and every poll can
+show progress. The stage script runs in its own process group; ``stop`` (and a timeout)
+end exactly that group, nothing else on the host.
+
+Files, for a stage NAME under RUN_DIR:
+  NAME.pid          pid and process group of the running script
+  NAME.status.json  written when the script ends: rc, timed_out, start/end times
+
+Progress: the last log line that starts with ``==>`` is reported as the current step,
+so scripts announce their steps with ``echo "==> ..."``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+STEP_PREFIX = "==>"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
+KILL_GRACE_S = 10.0
+
+
+def _paths(run_dir: Path, name: str) -> dict[str, Path]:
+    return {
+        "pid": run_dir / f"{name}.pid",
+        "status": run_dir / f"{name}.status.json",
+    }
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any process of the group exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> bool:
+    """SIGTERM the group, SIGKILL what is left after grace_s. True if anything was signalled."""
+    if not group_alive(pgid):
+        return False
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return True
+        time.sleep(0.2)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def tail_lines(log: Path, count: int) -> list[str]:
+    """Last `count` lines of the log, without terminal escapes."""
+    try:
+        with log.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 256 * 1024))
+            data = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    lines = [ANSI.sub("", line).rstrip() for line in data.splitlines()]
+    lines = [line for line in lines if line]
+    return lines[-count:] if count > 0 else []
+
+
+def current_step(log: Path) -> str:
+    for line in reversed(tail_lines(log, 1_000_000)):
+        if line.startswith(STEP_PREFIX):
+            return line[len(STEP_PREFIX) :].strip()
+    return ""
+
+
+def _terminate_child_group(pid: int) -> int:
+    """SIGTERM the script's group, reaping the script itself; SIGKILL after the grace period."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + KILL_GRACE_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return os.waitpid(pid, 0)[1]
+
+
+def _supervise(script: Path, log: Path, run_dir: Path, name: str, timeout_s: float) -> None:
+    """Body of the detached supervisor: run the script, enforce the timeout, record the end."""
+    paths = _paths(run_dir, name)
+    started = time.time()
+    with open(log, "ab", buffering=0) as out, open(os.devnull, "rb") as devnull:
+        pid = os.fork()
+        if pid == 0:  # the stage script: its own process group, so it can be ended as a whole
+            os.setpgid(0, 0)
+            os.dup2(devnull.fileno(), 0)
+            os.dup2(out.fileno(), 1)
+            os.dup2(out.fileno(), 2)
+            os.execvp("bash", ["bash", str(script)])
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass  # the child already did it
+        _write_json_atomic(
+            paths["pid"], {"pid": pid, "pgid": pid, "supervisor": os.getpid(), "started": started}
+        )
+
+        def forward(signum: int, _frame: Any) -> None:
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        timed_out = False
+        deadline = time.monotonic() + timeout_s
+        status = 0
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                msg = (
+                    f"\n==> specfleet: stage '{name}' exceeded its timeout of "
+                    f"{timeout_s:.0f}s; stopping it\n"
+                )
+                out.write(msg.encode())
+                status = _terminate_child_group(pid)
+                break
+            time.sleep(0.5)
+        # The script's own children (if any survived it) belong to its group: end them too.
+        kill_group(pid, grace_s=2.0)
+    rc = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status >> 8
+    ended = time.time()
+    _write_json_atomic(
+        paths["status"],
+        {
+            "name": name,
+            "rc": 124 if timed_out else rc,
+            "timed_out": timed_out,
+            "started": started,
+            "ended": ended,
+            "duration_s": round(ended - started, 1),
+        },
+    )
+    try:
+        paths["pid"].unlink()
+    except OSError:
+        pass
+
+
+def start(script: Path, log: Path, run_dir: Path, name: str, timeout_s: float) -> dict[str, Any]:
+    """Start the stage detached; first end a stale run of it (left by a killed playbook)."""
+    paths = _paths(run_dir, name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    stale = _read_json(paths["pid"])
+    stopped_stale = False
+    if stale and group_alive(int(stale["pgid"])):
+        stopped_stale = kill_group(int(stale["pgid"]))
+    for path in paths.values():
+        if path.exists():
+            path.unlink()
+    with log.open("w") as fh:
+        fh.write(f"==> specfleet: stage '{name}' started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        fh.write(f"==> re-run by hand: bash {script}\n")
+
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()  # detach from Ansible's session: the stage outlives this SSH command
+        if os.fork() != 0:
+            os._exit(0)
+        # Let go of Ansible's pipes, or the SSH command would wait for the stage to end.
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        try:
+            _supervise(script, log, run_dir, name, timeout_s)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    deadline = time.monotonic() + 10
+    while not paths["pid"].exists() and not paths["status"].exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"stage '{name}' did not start within 10s; see {log}")
+        time.sleep(0.05)
+    info = _read_json(paths["pid"]) or {}
+    return {"name": name, "started": True, "pid": info.get("pid"), "stopped_stale": stopped_stale}
+
+
+def status(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any]:
+    paths = _paths(run_dir, name)
+    done = _read_json(paths["status"])
+    if done is not None:
+        return {
+            "name": name,
+            "state": "finished",
+            "rc": done["rc"],
+            "timed_out": done["timed_out"],
+            "elapsed_s": done["duration_s"],
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done["started"])),
+            "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done["ended"])),
+            "step": current_step(log),
+            "tail": tail_lines(log, tail),
+        }
+    running = _read_json(paths["pid"])
+    if running is not None and group_alive(int(running["pgid"])):
+        return {
+            "name": name,
+            "state": "running",
+            "elapsed_s": round(time.time() - float(running["started"]), 1),
+            "step": current_step(log),
+            "last_line": (tail_lines(log, 1) or [""])[0][:200],
+        }
+    # Neither running nor finished: the supervisor was killed (e.g. the host rebooted).
+    return {
+        "name": name,
+        "state": "lost",
+        "rc": None,
+        "step": current_step(log),
+        "tail": tail_lines(log, tail),
+    }
+
+
+def stop(run_dir: Path, name: str) -> dict[str, Any]:
+    info = _read_json(_paths(run_dir, name)["pid"])
+    stopped = bool(info) and kill_group(int(info["pgid"]))
+    return {"name": name, "stopped": stopped}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specfleet_helpers.stage_run",
+        description="Start, poll or stop a specfleet stage script detached from Ansible.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for cmd, text in (
+        ("start", "start the script detached and return at once"),
+        ("status", "print the stage's state as JSON: running (with progress), finished, lost"),
+        ("stop", "end the stage's process group"),
+    ):
+        p = sub.add_parser(cmd, help=text)
+        p.add_argument("--name", required=True, help="stage name, e.g. train")
+        p.add_argument("--run-dir", required=True, type=Path, help="<root>/run")
+        if cmd != "stop":
+            p.add_argument("--log", required=True, type=Path, help="<root>/logs/<stage>.log")
+        if cmd == "start":
+            p.add_argument("--script", required=True, type=Path, help="the stage's bash script")
+            p.add_argument(
+                "--timeout", required=True, type=float, help="seconds before the stage is stopped"
+            )
+        if cmd == "status":
+            p.add_argument(
+                "--tail", type=int, default=40, help="log lines to include once finished"
+            )
+    args = parser.parse_args(argv)
+    if args.command == "start":
+        if not args.script.is_file():
+            parser.error(f"--script {args.script} does not exist")
+        result = start(args.script, args.log, args.run_dir, args.name, args.timeout)
+    elif args.command == "status":
+        result = status(args.log, args.run_dir, args.name, args.tail)
+    else:
+        result = stop(args.run_dir, args.name)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Shared fixtures of the artifact suite: where the work root is and how to read stamps.
+
+The suite runs against any inventory:
+    pytest tests/artifacts --hosts='ansible://all' --ansible-inventory=inventory/fleet.yml
+The work root comes from SPECFLEET_ROOT, else from the host's `specfleet_root` inventory
+variable, else the fleet default /var/lib/specfleet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+DEFAULT_ROOT = "/var/lib/specfleet"
+
+
+@pytest.fixture
+def root(host) -> str:
+    if os.environ.get("SPECFLEET_ROOT"):
+        return os.environ["SPECFLEET_ROOT"]
+    try:
+        value = host.ansible.get_variables().get("specfleet_root")
+    except Exception:  # not an ansible:// backend
+        value = None
+    if value and "{{" not in str(value):
+        return str(value)
+    return DEFAULT_ROOT
+
+
+def read_json(host, path: str) -> dict[str, Any]:
+    f = host.file(path)
+    assert f.exists, f"{path} is missing on {host.backend.get_hostname()}"
+    try:
+        return json.loads(f.content_string)
+    except ValueError as exc:
+        raise AssertionError(f"{path} is not valid JSON: {exc}; starts with {f.content_string[:200]!r}")
+
+
+@pytest.fixture
+def npu_env_state(host, root) -> dict[str, Any]:
+    return read_json(host, f"{root}/state/npu_env.json")
+
+
+@pytest.fixture
+def stamp(host, root):
+    def load(stage: str) -> dict[str, Any]:
+        return read_json(host, f"{root}/state/{stage}.json")
+
+    return load
