@@ -61,6 +61,42 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def process_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie waiting to be reaped."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def _end_stale_run(info: dict[str, Any]) -> bool:
+    """End a previous run's supervisor first (so it can no longer write this stage's files),
+    then its script's process group. True if anything was still running."""
+    ended = False
+    supervisor = int(info.get("supervisor") or 0)
+    if supervisor and process_alive(supervisor):
+        try:
+            os.kill(supervisor, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 5
+        while process_alive(supervisor) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ended = True
+    if group_alive(int(info["pgid"])):
+        ended = kill_group(int(info["pgid"])) or ended
+    return ended
+
+
 def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> bool:
     """SIGTERM the group, SIGKILL what is left after grace_s. True if anything was signalled."""
     if not group_alive(pgid):
@@ -133,7 +169,10 @@ def _supervise(script: Path, log: Path, run_dir: Path, name: str, timeout_s: flo
             os.dup2(devnull.fileno(), 0)
             os.dup2(out.fileno(), 1)
             os.dup2(out.fileno(), 2)
-            os.execvp("bash", ["bash", str(script)])
+            try:
+                os.execvp("bash", ["bash", str(script)])
+            finally:
+                os._exit(127)  # only reached when bash itself could not be started
         try:
             os.setpgid(pid, pid)
         except OSError:
@@ -169,7 +208,9 @@ def _supervise(script: Path, log: Path, run_dir: Path, name: str, timeout_s: flo
             time.sleep(0.5)
         # The script's own children (if any survived it) belong to its group: end them too.
         kill_group(pid, grace_s=2.0)
-    rc = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status >> 8
+    rc = os.waitstatus_to_exitcode(status)
+    if rc < 0:  # killed by a signal: report it the way a shell does (143 for SIGTERM)
+        rc = 128 - rc
     ended = time.time()
     _write_json_atomic(
         paths["status"],
@@ -194,9 +235,7 @@ def start(script: Path, log: Path, run_dir: Path, name: str, timeout_s: float) -
     run_dir.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     stale = _read_json(paths["pid"])
-    stopped_stale = False
-    if stale and group_alive(int(stale["pgid"])):
-        stopped_stale = kill_group(int(stale["pgid"]))
+    stopped_stale = _end_stale_run(stale) if stale else False
     for path in paths.values():
         if path.exists():
             path.unlink()
@@ -243,7 +282,9 @@ def status(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any]:
             "tail": tail_lines(log, tail),
         }
     running = _read_json(paths["pid"])
-    if running is not None and group_alive(int(running["pgid"])):
+    if running is not None and (
+        group_alive(int(running["pgid"])) or process_alive(int(running.get("supervisor") or 0))
+    ):
         return {
             "name": name,
             "state": "running",
@@ -251,7 +292,8 @@ def status(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any]:
             "step": current_step(log),
             "last_line": (tail_lines(log, 1) or [""])[0][:200],
         }
-    # Neither running nor finished: the supervisor was killed (e.g. the host rebooted).
+    # Neither running nor finished: the supervisor was killed (e.g. the host rebooted),
+    # or the stage was never started.
     return {
         "name": name,
         "state": "lost",

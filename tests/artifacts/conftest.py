@@ -36,7 +36,9 @@ def read_json(host, path: str) -> dict[str, Any]:
     try:
         return json.loads(f.content_string)
     except ValueError as exc:
-        raise AssertionError(f"{path} is not valid JSON: {exc}; starts with {f.content_string[:200]!r}")
+        raise AssertionError(
+            f"{path} is not valid JSON: {exc}; starts with {f.content_string[:200]!r}"
+        ) from exc
 
 
 @pytest.fixture

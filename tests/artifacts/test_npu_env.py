@@ -37,9 +37,7 @@ def test_env_wrapper_runs_commands(host, root):
 
 
 def test_helpers_shipped_and_importable(host, root):
-    result = host.run(
-        f"{root}/run/specfleet-env python3 -m specfleet_helpers.stage_run --help"
-    )
+    result = host.run(f"{root}/run/specfleet-env python3 -m specfleet_helpers.stage_run --help")
     assert result.rc == 0 and "stage script" in result.stdout, result.stdout + result.stderr
 
 

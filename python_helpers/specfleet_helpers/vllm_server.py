@@ -1,0 +1,531 @@
+"""Own the lifecycle of one vLLM server process: start it detached, wait until it is
+healthy, report on it, stop it. Used by the hidden_states and serve stages.
+
+``start`` refuses a port that something else holds (exit 3, naming the owner when it is
+visible), then runs the server command in its own process group (setsid) with stdin from
+/dev/null and stdout/stderr to a log file, records it in RUN_DIR/NAME.server.json and
+returns at once. ``wait`` polls GET /health until it answers 200 and fails fast, with the
+log tail, as soon as the server's process group is gone. ``stop`` ends exactly the recorded
+process group (SIGTERM, then SIGKILL after a grace period) and nothing else; it is
+idempotent.
+
+Liveness is judged from /proc, ignoring zombies: on hosts whose init does not reap
+orphans, a dead server can linger as a zombie and must not count as running.
+
+Keep API keys out of the server's argv (it shows in ps, in the log header and in the state
+file): vLLM reads ``VLLM_API_KEY`` from its environment. Values after ``--api-key`` are
+redacted in everything this helper writes or prints anyway.
+
+Standard library only. Exit codes: 0 ok, 1 failure (server died or timed out), 2 bad
+input, 3 port already in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Optional
+
+from specfleet_helpers.host_probe import port_free, port_owner
+from specfleet_helpers.stage_run import tail_lines
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_GRACE_S = 15.0
+TAIL_LINES = 60
+HEALTH_REQUEST_TIMEOUT_S = 2.0
+POLL_INTERVAL_S = 0.5
+SECRET_FLAGS = ("--api-key", "--api_key")
+
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+EXIT_PORT_BUSY = 3
+
+# Servers started through the Python API are children of the calling process; keep their
+# Popen objects so they can be reaped (the CLI exits at once, so init adopts them there).
+_CHILDREN: dict[int, subprocess.Popen] = {}
+
+
+class ServerError(Exception):
+    """A server could not be started, or died, or never became healthy."""
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str, tail: Optional[list[str]] = None) -> None:
+        super().__init__(message)
+        self.tail = tail or []
+
+
+class BadInput(ServerError):
+    exit_code = EXIT_BAD_INPUT
+
+
+class PortInUse(ServerError):
+    exit_code = EXIT_PORT_BUSY
+
+
+def state_path(run_dir: Path, name: str) -> Path:
+    return Path(run_dir) / f"{name}.server.json"
+
+
+def redact(argv: list[str]) -> list[str]:
+    """The argv with the values of secret flags (``--api-key``) replaced by ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+        elif arg in SECRET_FLAGS:
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith(tuple(f"{flag}=" for flag in SECRET_FLAGS)):
+            out.append(arg.split("=", 1)[0] + "=***")
+        else:
+            out.append(arg)
+    return out
+
+
+def _read_state(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _proc_stat(pid: int) -> Optional[tuple[str, int, int]]:
+    """(state, pgid, starttime) of a process from /proc/PID/stat, or None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    # After the command name: state ppid pgrp session tty_nr tpgid flags minflt cminflt
+    # majflt cmajflt utime stime cutime cstime priority nice num_threads itrealvalue
+    # starttime (field 22 of the full line, index 19 here).
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (non-zombie) processes in the process group."""
+    _reap_children()
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _proc_stat(int(entry.name))
+        if stat and stat[1] == pgid and stat[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return sorted(members)
+
+
+def _reap_children() -> None:
+    for pid, proc in list(_CHILDREN.items()):
+        if proc.poll() is not None:
+            del _CHILDREN[pid]
+
+
+def _is_ours(state: dict[str, Any]) -> bool:
+    """Whether the recorded group can still be ours: same boot, and the group leader (if it
+    still exists) is the process we started, not a later one that reused the pid."""
+    if state.get("boot_id") and state["boot_id"] != _boot_id():
+        return False
+    leader = _proc_stat(int(state["pgid"]))
+    if leader is not None and state.get("starttime") is not None:
+        return leader[2] == int(state["starttime"])
+    return True
+
+
+def _live_members(state: dict[str, Any]) -> list[int]:
+    return group_members(int(state["pgid"])) if _is_ours(state) else []
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _connect_host(host: str) -> str:
+    """Address to reach a server bound to `host` from this machine."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "::1"
+    return host
+
+
+def _url(host: str, port: int, path: str) -> str:
+    host = _connect_host(host)
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}{path}"
+
+
+# Loopback requests must not go through an HTTP proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def health_ok(host: str, port: int, timeout: float = HEALTH_REQUEST_TIMEOUT_S) -> bool:
+    """One GET /health; True on HTTP 200."""
+    try:
+        with _OPENER.open(_url(host, port, "/health"), timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _port_message(host: str, port: int) -> str:
+    owner = port_owner(port)
+    text = f"port {port} on {host} is already in use"
+    if owner and owner.get("pid"):
+        text += f" by pid {owner['pid']} ({owner.get('cmdline') or '?'})"
+    elif owner:
+        text += " (owner not visible to this user)"
+    return text + "; stop that process or choose another port"
+
+
+def start_server(
+    name: str,
+    run_dir: Path,
+    log: Path,
+    port: int,
+    argv: list[str],
+    host: str = DEFAULT_HOST,
+    env: Optional[dict[str, str]] = None,
+    cwd: Optional[Path] = None,
+) -> dict[str, Any]:
+    """Start `argv` detached in its own process group and record it; return at once.
+
+    A server recorded under the same name that is still running (left by an interrupted
+    run) is stopped first. Raises PortInUse if anything else holds the port, BadInput for
+    an empty argv or a missing executable.
+    """
+    if not argv:
+        raise BadInput("no server command given (put it after --)")
+    if not 0 < port < 65536:
+        raise BadInput(f"port {port} is out of range")
+    run_dir = Path(run_dir)
+    log = Path(log)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+
+    stopped_stale = False
+    stale = _read_state(state_path(run_dir, name))
+    if stale is not None:
+        stopped_stale = stop_server(name, run_dir)["stopped"]
+
+    if not port_free(host, port):
+        raise PortInUse(_port_message(host, port))
+
+    shown = redact(argv)
+    with log.open("wb") as out:
+        header = (
+            f"==> specfleet: server '{name}' starting {time.strftime('%Y-%m-%d %H:%M:%S')} "
+            f"on {host}:{port}\n==> command: {json.dumps(shown)}\n"
+        )
+        out.write(header.encode())
+        out.flush()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                cwd=str(cwd) if cwd else None,
+                start_new_session=True,  # setsid: its own session and process group
+                close_fds=True,
+            )
+        except (FileNotFoundError, PermissionError) as exc:
+            raise BadInput(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
+    _CHILDREN[proc.pid] = proc
+    stat = _proc_stat(proc.pid)
+    state = {
+        "name": name,
+        "pid": proc.pid,
+        "pgid": proc.pid,
+        "host": host,
+        "port": port,
+        "argv": shown,
+        "log": str(log.absolute()),
+        "started": time.time(),
+        "boot_id": _boot_id(),
+        "starttime": stat[2] if stat else None,
+    }
+    _write_json_atomic(state_path(run_dir, name), state)
+    return {
+        "name": name,
+        "started": True,
+        "pid": proc.pid,
+        "pgid": proc.pid,
+        "host": host,
+        "port": port,
+        "log": state["log"],
+        "stopped_stale": stopped_stale,
+    }
+
+
+def _require_state(name: str, run_dir: Path) -> dict[str, Any]:
+    state = _read_state(state_path(run_dir, name))
+    if state is None:
+        raise BadInput(f"no server '{name}' recorded in {run_dir} (start it first)")
+    return state
+
+
+def wait_healthy(
+    name: str,
+    run_dir: Path,
+    timeout: float,
+    interval: float = POLL_INTERVAL_S,
+    tail: int = TAIL_LINES,
+) -> dict[str, Any]:
+    """Poll /health until 200. Raises ServerError (with the log tail) as soon as the
+    server's process group is gone, or when `timeout` seconds pass."""
+    state = _require_state(name, Path(run_dir))
+    host, port = state["host"], int(state["port"])
+    log = Path(state["log"])
+    began = time.monotonic()
+    deadline = began + timeout
+    while True:
+        if not _live_members(state):
+            # It may have answered and exited in between; the log tells what happened.
+            raise ServerError(
+                f"server '{name}' exited before becoming healthy "
+                f"({time.monotonic() - began:.1f}s into the wait); see {log}",
+                tail_lines(log, tail),
+            )
+        if health_ok(host, port):
+            now = time.time()
+            return {
+                "name": name,
+                "healthy": True,
+                "seconds": round(time.monotonic() - began, 1),
+                "since_start_s": round(now - float(state["started"]), 1),
+                "url": _url(host, port, ""),
+            }
+        if time.monotonic() >= deadline:
+            raise ServerError(
+                f"server '{name}' did not answer 200 on {_url(host, port, '/health')} "
+                f"within {timeout:.0f}s; see {log}",
+                tail_lines(log, tail),
+            )
+        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
+def stop_server(name: str, run_dir: Path, grace_s: float = DEFAULT_GRACE_S) -> dict[str, Any]:
+    """SIGTERM the recorded process group, SIGKILL what is left after `grace_s`, forget the
+    server. Idempotent: with no server recorded, or one already gone, it only cleans up."""
+    path = state_path(Path(run_dir), name)
+    state = _read_state(path)
+    result: dict[str, Any] = {"name": name, "stopped": False, "killed": False, "seconds": 0.0}
+    if state is None:
+        if path.exists():
+            path.unlink()
+        return result
+    began = time.monotonic()
+    pgid = int(state["pgid"])
+    if _live_members(state):
+        result["stopped"] = True
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = began + grace_s
+        while _live_members(state) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _live_members(state):
+            result["killed"] = True
+            _signal_group(pgid, signal.SIGKILL)
+            kill_deadline = time.monotonic() + 10
+            while _live_members(state) and time.monotonic() < kill_deadline:
+                time.sleep(0.1)
+    left = _live_members(state)
+    if left:
+        raise ServerError(f"server '{name}': processes {left} survived SIGKILL")
+    _reap_children()
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    result["seconds"] = round(time.monotonic() - began, 1)
+    return result
+
+
+def server_status(name: str, run_dir: Path, tail: int = 0) -> dict[str, Any]:
+    """Whether the recorded server runs, its processes, and one /health probe."""
+    state = _read_state(state_path(Path(run_dir), name))
+    if state is None:
+        return {"name": name, "recorded": False, "running": False, "healthy": False}
+    members = _live_members(state)
+    result: dict[str, Any] = {
+        "name": name,
+        "recorded": True,
+        "running": bool(members),
+        "healthy": bool(members) and health_ok(state["host"], int(state["port"])),
+        "pid": state["pid"],
+        "pgid": state["pgid"],
+        "processes": members,
+        "host": state["host"],
+        "port": state["port"],
+        "argv": state["argv"],
+        "log": state["log"],
+        "uptime_s": round(time.time() - float(state["started"]), 1),
+    }
+    if tail:
+        result["tail"] = tail_lines(Path(state["log"]), tail)
+    return result
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Helper options before the first ``--``, the server command after it."""
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1 :]
+    return argv, []
+
+
+def _parse_env(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--env {item!r} is not NAME=VALUE")
+        env[key] = value
+    return env
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m specfleet_helpers.vllm_server",
+        description=(
+            "Start, wait for, inspect or stop one vLLM server (any HTTP server with a "
+            "GET /health) as a detached process group recorded in RUN_DIR/NAME.server.json. "
+            "Prints one JSON line. Exit codes: 0 ok, 1 failed (died, timed out), 2 bad "
+            "input, 3 port in use."
+        ),
+        epilog=(
+            "example: python -m specfleet_helpers.vllm_server start --name serve "
+            "--run-dir RUN --log RUN/serve.log --port 8000 -- "
+            "python -m vllm.entrypoints.openai.api_server --model M --port 8000"
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--name", required=True, help="server name, e.g. hidden_states or serve")
+        p.add_argument("--run-dir", required=True, type=Path, help="where NAME.server.json is")
+
+    p = sub.add_parser(
+        "start",
+        help="start the command after -- detached, return at once",
+        description=(
+            "Start the server command given after -- in its own process group, output to "
+            "--log, and return at once. Refuses (exit 3) when the port is already held."
+        ),
+    )
+    common(p)
+    p.add_argument("--log", required=True, type=Path, help="file for the server's output")
+    p.add_argument("--port", required=True, type=int, help="port the server will listen on")
+    p.add_argument("--host", default=DEFAULT_HOST, help="address it binds (default %(default)s)")
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra environment variable for the server (repeat); no secrets here",
+    )
+    p.add_argument("--cwd", type=Path, help="working directory of the server")
+
+    p = sub.add_parser(
+        "wait",
+        help="poll GET /health until 200; fail fast if the server dies",
+        description=(
+            "Poll GET /health until it answers 200. Fails (exit 1, with the log tail) as soon "
+            "as the server's process group is gone, or at --timeout."
+        ),
+    )
+    common(p)
+    p.add_argument("--timeout", required=True, type=float, help="seconds to wait at most")
+    p.add_argument("--tail", type=int, default=TAIL_LINES, help="log lines shown on failure")
+
+    p = sub.add_parser("stop", help="end the server's process group (idempotent)")
+    common(p)
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE_S,
+        help="seconds between SIGTERM and SIGKILL (default %(default)s)",
+    )
+
+    p = sub.add_parser("status", help="is it running, is it healthy")
+    common(p)
+    p.add_argument("--tail", type=int, default=0, help="log lines to include")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, command = _split_command(argv)
+    parser = build_parser()
+    args = parser.parse_args(own)
+    if command and args.command != "start":
+        parser.error("only start takes a command after --")
+    try:
+        if args.command == "start":
+            result = start_server(
+                args.name,
+                args.run_dir,
+                args.log,
+                args.port,
+                command,
+                host=args.host,
+                env=_parse_env(args.env),
+                cwd=args.cwd,
+            )
+        elif args.command == "wait":
+            try:
+                result = wait_healthy(args.name, args.run_dir, args.timeout, tail=args.tail)
+            except ServerError as exc:
+                if isinstance(exc, BadInput):
+                    raise
+                error = str(exc)
+                if exc.tail:
+                    error += "\nlast log lines:\n" + "\n".join(exc.tail)
+                print(json.dumps({"name": args.name, "healthy": False, "error": error}))
+                print(f"error: {exc}", file=sys.stderr)
+                for line in exc.tail:
+                    print(f"  | {line}", file=sys.stderr)
+                return exc.exit_code
+        elif args.command == "stop":
+            result = stop_server(args.name, args.run_dir, grace_s=args.grace)
+        else:
+            result = server_status(args.name, args.run_dir, tail=args.tail)
+    except ServerError as exc:
+        print(json.dumps({"name": args.name, "error": str(exc)}))
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

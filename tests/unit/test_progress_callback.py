@@ -1,0 +1,75 @@
+"""Tests for the specfleet_progress callback plugin's progress line.
+
+The plugin imports ansible, so run these with the controller venv's Python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ansible")
+
+PLUGIN = Path(__file__).resolve().parents[2] / "callback_plugins" / "specfleet_progress.py"
+
+
+def _load_plugin():
+    spec = importlib.util.spec_from_file_location("specfleet_progress", PLUGIN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+progress_line = _load_plugin().progress_line
+
+
+def running(**fields) -> str:
+    return json.dumps({"name": "train", "state": "running", **fields})
+
+
+def test_running_stage_line():
+    line = progress_line(
+        "a2-node01",
+        running(elapsed_s=125.4, step="torchrun epoch 1", last_line="step 40/100 loss=3.21"),
+    )
+    assert line == (
+        "[a2-node01] train: running 2m05s | step: torchrun epoch 1 | last: step 40/100 loss=3.21"
+    )
+
+
+def test_elapsed_under_a_minute_and_default():
+    assert progress_line("h", running(elapsed_s=42.9)) == "[h] train: running 42s"
+    assert progress_line("h", running()) == "[h] train: running 0s"
+    assert progress_line("h", running(elapsed_s=3600)).startswith("[h] train: running 60m00s")
+
+
+def test_last_line_that_repeats_the_step_is_left_out():
+    line = progress_line(
+        "h", running(elapsed_s=61, step="download weights", last_line="==> download weights")
+    )
+    assert line == "[h] train: running 1m01s | step: download weights"
+
+
+def test_long_last_line_is_cut():
+    line = progress_line("h", running(elapsed_s=5, last_line="x" * 500))
+    assert line == "[h] train: running 5s | last: " + "x" * 120
+
+
+@pytest.mark.parametrize(
+    "stdout",
+    [
+        json.dumps({"name": "train", "state": "finished", "rc": 0, "elapsed_s": 3}),
+        json.dumps({"name": "train", "state": "lost", "rc": None}),
+        json.dumps({"state": "running", "elapsed_s": 3}),
+        json.dumps(["running"]),
+        "not json",
+        "",
+        None,
+    ],
+)
+def test_no_line_for_anything_but_a_running_stage(stdout):
+    assert progress_line("h", stdout) is None

@@ -1,0 +1,121 @@
+"""Tests for specfleet_helpers.stack_report against the interpreter running the tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from specfleet_helpers.stack_report import (
+    check_expectations,
+    constraints,
+    distribution_versions,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HELPERS = REPO_ROOT / "python_helpers"
+MISSING = "specfleet-no-such-distribution"
+PYTEST_VERSION = pytest.__version__
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "specfleet_helpers.stack_report", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )
+
+
+def test_distribution_versions_installed_and_missing():
+    assert distribution_versions(["pytest", MISSING]) == {"pytest": PYTEST_VERSION, MISSING: None}
+
+
+def test_constraints_pins_sorted_and_skips_missing():
+    versions = {"vllm": "0.9.1", "torch": "2.5.1", "torch_npu": None, "triton": ""}
+    assert constraints(versions) == ["torch==2.5.1", "vllm==0.9.1"]
+    assert constraints({}) == []
+
+
+def test_check_expectations_all_met():
+    assert check_expectations([f"pytest=={PYTEST_VERSION}"], [MISSING]) == []
+
+
+def test_check_expectations_wrong_version():
+    assert check_expectations(["pytest==0.0.1"], []) == [
+        f"pytest is {PYTEST_VERSION}, expected 0.0.1"
+    ]
+
+
+def test_check_expectations_missing_distribution():
+    assert check_expectations([f"{MISSING}==1.0"], []) == [
+        f"{MISSING} is not installed, expected 1.0"
+    ]
+
+
+def test_check_expectations_unexpectedly_present():
+    assert check_expectations([], ["pytest"]) == [
+        f"pytest {PYTEST_VERSION} is installed, expected absent"
+    ]
+
+
+def test_check_expectations_reports_every_problem():
+    problems = check_expectations(["pytest==0.0.1", f"{MISSING}==2"], ["pytest"])
+    assert len(problems) == 3
+
+
+def test_cli_expect_met_prints_the_report():
+    proc = run_cli(f"--expect=pytest=={PYTEST_VERSION}", "--dist=pytest", f"--dist={MISSING}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["python"] == platform.python_version()
+    assert report["versions"] == {"pytest": PYTEST_VERSION, MISSING: None}
+    assert "npu_available" not in report
+    assert "constraints" not in report
+
+
+def test_cli_default_distributions_are_the_runbook_list():
+    proc = run_cli()
+    assert proc.returncode == 0, proc.stderr
+    versions = json.loads(proc.stdout)["versions"]
+    assert {"torch", "torch_npu", "vllm", "vllm-ascend", "transformers"} <= set(versions)
+
+
+def test_cli_expect_wrong_version_exits_1():
+    proc = run_cli("--expect=pytest==0.0.1")
+    assert proc.returncode == 1
+    assert proc.stdout.strip() == f"pytest is {PYTEST_VERSION}, expected 0.0.1"
+
+
+def test_cli_expect_absent_exits_1():
+    proc = run_cli("--expect-absent=pytest")
+    assert proc.returncode == 1
+    assert proc.stdout.strip() == f"pytest {PYTEST_VERSION} is installed, expected absent"
+
+
+def test_cli_constraints_out(tmp_path):
+    out = tmp_path / "constraints.txt"
+    proc = run_cli("--dist=pytest", f"--dist={MISSING}", f"--constraints-out={out}")
+    assert proc.returncode == 0, proc.stderr
+    lines = out.read_text().splitlines()
+    assert lines[0].startswith("#")
+    assert lines[1:] == [f"pytest=={PYTEST_VERSION}"]
+    assert json.loads(proc.stdout)["constraints"] == [f"pytest=={PYTEST_VERSION}"]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch_npu") is not None, reason="torch_npu is installed here"
+)
+def test_cli_npu_without_torch_npu():
+    proc = run_cli("--npu", "--dist=pytest")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["npu_available"] is False
+    assert report["npu_count"] == 0
+    assert "ModuleNotFoundError" in report["npu_error"]

@@ -1,0 +1,285 @@
+"""Tests for specfleet_helpers.stage_run with real detached bash scripts.
+
+Every stage here is a real process group started by the helper; the tests poll it the way
+the stage role does and check, with signal 0, that nothing it started is left behind.
+Processes that died but were not reaped (zombies) count as gone: their parent may be an
+init that does not reap orphans.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from specfleet_helpers import stage_run
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HELPERS = REPO_ROOT / "python_helpers"
+ISO_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
+
+
+def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def read_pid(path: Path, timeout: float = 10.0) -> int:
+    assert wait_until(lambda: path.is_file() and path.read_text().strip(), timeout), (
+        f"{path} was never written"
+    )
+    return int(path.read_text().strip())
+
+
+class Stage:
+    """One stage name under tmp_path, with its script, log and run dir."""
+
+    def __init__(self, tmp_path: Path, name: str) -> None:
+        self.name = name
+        self.tmp = tmp_path
+        self.run_dir = tmp_path / "run"
+        self.log = tmp_path / "logs" / f"{name}.log"
+        self.script = tmp_path / f"{name}.sh"
+
+    def write(self, body: str, script: Path | None = None) -> Path:
+        path = script or self.script
+        path.write_text("set -u\n" + body)
+        return path
+
+    def start_cli(self, timeout_s: float = 60, script: Path | None = None) -> dict:
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "specfleet_helpers.stage_run",
+                "start",
+                f"--name={self.name}",
+                f"--run-dir={self.run_dir}",
+                f"--log={self.log}",
+                f"--script={script or self.script}",
+                f"--timeout={timeout_s}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={**os.environ, "PYTHONPATH": str(HELPERS)},
+            check=True,
+        )
+        return json.loads(proc.stdout)
+
+    def status(self, tail: int = 40) -> dict:
+        return stage_run.status(self.log, self.run_dir, self.name, tail)
+
+    def wait_finished(self, timeout: float = 20.0) -> dict:
+        result: dict = {}
+
+        def finished() -> bool:
+            result.update(self.status(tail=3))
+            return result["state"] == "finished"
+
+        assert wait_until(finished, timeout), f"stage did not finish: {result}"
+        return result
+
+
+@pytest.fixture
+def stages(tmp_path):
+    """Stage factory; stops whatever a test left running."""
+    made: list[Stage] = []
+
+    def make(name: str) -> Stage:
+        stage = Stage(tmp_path, name)
+        made.append(stage)
+        return stage
+
+    yield make
+    for stage in made:
+        stage_run.stop(stage.run_dir, stage.name)
+
+
+def test_exit_code_step_and_tail_of_a_finished_stage(stages):
+    stage = stages("build")
+    # The sleep keeps the script alive until start() has read its pid.
+    stage.write(
+        'echo "==> step one"\n'
+        "sleep 1\n"
+        "echo working\n"
+        'echo "==> step two"\n'
+        "printf '\\033[32mcoloured\\033[0m\\n'\n"
+        "echo line-a\n"
+        "echo line-b\n"
+        "exit 3\n"
+    )
+    started = stage_run.start(stage.script, stage.log, stage.run_dir, stage.name, 60)
+    assert started["name"] == "build"
+    assert started["started"] is True
+    assert started["stopped_stale"] is False
+    assert isinstance(started["pid"], int)
+
+    result = stage.wait_finished()
+    assert result["rc"] == 3
+    assert result["timed_out"] is False
+    assert result["step"] == "step two"
+    assert result["tail"] == ["coloured", "line-a", "line-b"]
+    assert ISO_UTC.match(result["started"])
+    assert ISO_UTC.match(result["ended"])
+    assert result["ended"] >= result["started"]
+    assert result["elapsed_s"] >= 0
+    assert not pid_alive(started["pid"])
+    # The helper's own header lines come first in the log.
+    log = stage.log.read_text().splitlines()
+    assert log[0].startswith("==> specfleet: stage 'build' started ")
+    assert log[1] == f"==> re-run by hand: bash {stage.script}"
+    # The run dir keeps only the status once the stage ended.
+    assert not (stage.run_dir / "build.pid").exists()
+    assert (stage.run_dir / "build.status.json").is_file()
+
+
+def test_running_status_shows_step_and_last_line(stages):
+    stage = stages("serve")
+    stage.write('echo "==> loading model"\necho "weights 10%"\ntouch "$0.ready"\nexec sleep 30\n')
+    stage.start_cli()
+    ready = Path(f"{stage.script}.ready")
+    assert wait_until(ready.exists, 10)
+    running = stage.status()
+    assert running["state"] == "running"
+    assert running["step"] == "loading model"
+    assert running["last_line"] == "weights 10%"
+    assert running["elapsed_s"] >= 0
+    assert stage_run.stop(stage.run_dir, stage.name) == {"name": "serve", "stopped": True}
+
+
+def test_timeout_stops_the_script_and_its_children(stages):
+    stage = stages("slow")
+    child_pid_file = stage.tmp / "child.pid"
+    stage.write(f'sleep 300 &\necho $! > "{child_pid_file}"\necho "==> waiting"\nwait\n')
+    started = stage.start_cli(timeout_s=1)
+    child = read_pid(child_pid_file)
+    assert pid_alive(child)
+
+    result = stage.wait_finished(timeout=20)
+    assert result["rc"] == 124
+    assert result["timed_out"] is True
+    assert "exceeded its timeout of 1s" in result["step"]
+    assert wait_until(lambda: not pid_alive(child), 5), "the script's child survived the timeout"
+    assert not pid_alive(started["pid"])
+
+
+def test_stop_ends_the_whole_process_group(stages):
+    stage = stages("train")
+    child_pid_file = stage.tmp / "child.pid"
+    stage.write(f'sleep 300 &\necho $! > "{child_pid_file}"\necho "==> epoch 1"\nwait\n')
+    started = stage.start_cli()
+    child = read_pid(child_pid_file)
+    assert stage.status()["state"] == "running"
+
+    assert stage_run.stop(stage.run_dir, stage.name) == {"name": "train", "stopped": True}
+    assert wait_until(lambda: not pid_alive(child), 5)
+    assert wait_until(lambda: not pid_alive(started["pid"]), 5)
+    result = stage.wait_finished()
+    assert result["rc"] != 0
+    assert result["timed_out"] is False
+    # Nothing left to stop.
+    assert stage_run.stop(stage.run_dir, stage.name) == {"name": "train", "stopped": False}
+
+
+def test_restart_stops_a_stale_run_of_the_same_stage(stages):
+    stage = stages("convert")
+    child_pid_file = stage.tmp / "child.pid"
+    stage.write(f'sleep 300 &\necho $! > "{child_pid_file}"\necho "==> old run"\nwait\n')
+    stale = stage.start_cli()
+    stale_child = read_pid(child_pid_file)
+    assert pid_alive(stale["pid"])
+
+    done = stage.tmp / "fresh.done"
+    fresh_script = stage.write(
+        f'echo "==> new run"\ntouch "{done}"\nexit 0\n', script=stage.tmp / "fresh.sh"
+    )
+    fresh = stage.start_cli(script=fresh_script)
+    assert fresh["stopped_stale"] is True
+    assert fresh["pid"] != stale["pid"]
+    assert wait_until(lambda: not pid_alive(stale["pid"]), 5)
+    assert wait_until(lambda: not pid_alive(stale_child), 5)
+    assert wait_until(done.exists, 10)
+    # The new run starts a fresh log. Its status is not checked here: start() does not wait
+    # for the stale run's supervisor, which can still write its end into the new run's files.
+    log = stage.log.read_text()
+    assert "==> new run" in log
+    assert "old run" not in log
+
+
+def test_status_of_a_never_started_stage_is_lost(tmp_path):
+    result = stage_run.status(tmp_path / "logs" / "x.log", tmp_path / "run", "x", 10)
+    assert result == {"name": "x", "state": "lost", "rc": None, "step": "", "tail": []}
+    assert stage_run.stop(tmp_path / "run", "x") == {"name": "x", "stopped": False}
+
+
+def test_cli_start_returns_at_once_without_holding_stdout(stages):
+    stage = stages("long")
+    stage.write('echo "==> sleeping"\nexec sleep 30\n')
+    begin = time.monotonic()
+    # capture_output: if the detached stage kept the pipe open, this would block for 30 s.
+    started = stage.start_cli()
+    assert time.monotonic() - begin < 5
+    assert started["started"] is True
+    assert pid_alive(started["pid"])
+    assert stage.status()["state"] == "running"
+    assert stage_run.stop(stage.run_dir, stage.name)["stopped"] is True
+    assert wait_until(lambda: not pid_alive(started["pid"]), 5)
+
+
+def test_cli_rejects_a_missing_script(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specfleet_helpers.stage_run",
+            "start",
+            "--name=x",
+            f"--run-dir={tmp_path / 'run'}",
+            f"--log={tmp_path / 'x.log'}",
+            f"--script={tmp_path / 'missing.sh'}",
+            "--timeout=5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_tail_lines_and_current_step(tmp_path):
+    log = tmp_path / "x.log"
+    assert stage_run.tail_lines(log, 5) == []
+    assert stage_run.current_step(log) == ""
+    log.write_text("==> first\n\x1b[1mbold\x1b[0m\n\nprogress 10%\rprogress 50%\n==> second\nend\n")
+    assert stage_run.tail_lines(log, 2) == ["==> second", "end"]
+    assert stage_run.tail_lines(log, 0) == []
+    assert stage_run.tail_lines(log, 100)[:2] == ["==> first", "bold"]
+    assert stage_run.current_step(log) == "second"

@@ -1,0 +1,597 @@
+"""Tests for specfleet_helpers.vllm_server (and the argv builder of hidden_states_cpu).
+
+Fast tests start a real but fake "server": a small Python HTTP server answering GET
+/health, started detached by the helper's CLI, with a child process of its own so that
+stopping the whole process group can be checked with signal 0. Processes that died but
+were not reaped (zombies) count as gone: the host's init may not reap orphans.
+
+One slow test (SPECFLEET_SLOW_TESTS=1) starts real vLLM CPU with a tiny synthesized Qwen3
+and the CPU hidden-states connector, and checks that hidden-state files appear.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from specfleet_helpers import vllm_server
+from specfleet_helpers.hidden_states_cpu import (
+    aux_layer_ids,
+    hidden_states_server_argv,
+    kv_transfer_config,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HELPERS = REPO_ROOT / "python_helpers"
+CPU_VENV_PYTHON = REPO_ROOT / ".work" / "local" / "venv" / "bin" / "python"
+
+FAKE_SERVER = r"""
+import http.server, os, signal, subprocess, sys, time
+
+port, child_file, delay, ignore_term = sys.argv[1:5]
+port, delay = int(port), float(delay)
+if ignore_term == "1":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen(["sleep", "300"])
+with open(child_file + ".tmp", "w") as fh:
+    fh.write(str(child.pid))
+os.replace(child_file + ".tmp", child_file)
+print("fake server: loading", flush=True)
+time.sleep(delay)
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+
+server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+print(f"fake server: listening on {port}", flush=True)
+server.serve_forever()
+"""
+
+
+def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "specfleet_helpers.vllm_server", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )
+
+
+class Fake:
+    """One fake server under tmp_path: its script, port, run dir, log and child pid file."""
+
+    def __init__(self, tmp_path: Path, name: str = "serve") -> None:
+        self.name = name
+        self.port = free_port()
+        self.run_dir = tmp_path / "run"
+        self.log = tmp_path / "logs" / f"{name}.log"
+        self.script = tmp_path / "fake_server.py"
+        self.script.write_text(FAKE_SERVER)
+        self.child_file = tmp_path / f"{name}.child"
+
+    def argv(self, delay: float = 0.0, ignore_term: bool = False) -> list[str]:
+        return [
+            sys.executable,
+            str(self.script),
+            str(self.port),
+            str(self.child_file),
+            str(delay),
+            "1" if ignore_term else "0",
+        ]
+
+    def start(self, *argv: str) -> subprocess.CompletedProcess:
+        command = list(argv) or self.argv()
+        return cli(
+            "start",
+            f"--name={self.name}",
+            f"--run-dir={self.run_dir}",
+            f"--log={self.log}",
+            f"--port={self.port}",
+            "--",
+            *command,
+            timeout=20,  # also proves start does not hold our stdout open
+        )
+
+    def wait(self, timeout: float = 60) -> subprocess.CompletedProcess:
+        return cli(
+            "wait", f"--name={self.name}", f"--run-dir={self.run_dir}", f"--timeout={timeout}"
+        )
+
+    def stop(self, grace: float = 15) -> subprocess.CompletedProcess:
+        return cli("stop", f"--name={self.name}", f"--run-dir={self.run_dir}", f"--grace={grace}")
+
+    def child_pid(self) -> int:
+        assert wait_until(self.child_file.is_file, 10), "fake server never wrote its child pid"
+        return int(self.child_file.read_text())
+
+    @property
+    def state_file(self) -> Path:
+        return self.run_dir / f"{self.name}.server.json"
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    made: list[Fake] = []
+
+    def make(name: str = "serve") -> Fake:
+        fake = Fake(tmp_path, name)
+        made.append(fake)
+        return fake
+
+    yield make
+    for fake in made:
+        vllm_server.stop_server(fake.name, fake.run_dir, grace_s=2)
+
+
+def test_start_wait_status_stop(fakes):
+    fake = fakes()
+    began = time.monotonic()
+    started = fake.start(*fake.argv(delay=1.5))
+    assert started.returncode == 0, started.stderr
+    assert time.monotonic() - began < 15
+    info = json.loads(started.stdout)
+    assert info["started"] is True
+    assert info["port"] == fake.port
+    assert info["host"] == "127.0.0.1"
+    assert info["pgid"] == info["pid"]
+    assert info["stopped_stale"] is False
+    state = json.loads(fake.state_file.read_text())
+    assert {"pid", "pgid", "port", "host", "argv", "started"} <= set(state)
+    assert state["argv"] == fake.argv(delay=1.5)
+    assert os.getpgid(state["pid"]) == state["pid"]  # its own process group
+    assert os.getsid(state["pid"]) == state["pid"]  # and its own session
+
+    waited = fake.wait()
+    assert waited.returncode == 0, waited.stderr
+    healthy = json.loads(waited.stdout)
+    assert healthy["healthy"] is True
+    assert healthy["seconds"] >= 0
+    with urllib.request.urlopen(f"http://127.0.0.1:{fake.port}/health", timeout=5) as resp:
+        assert resp.status == 200
+
+    status = cli("status", f"--name={fake.name}", f"--run-dir={fake.run_dir}", "--tail=5")
+    report = json.loads(status.stdout)
+    assert report["running"] is True
+    assert report["healthy"] is True
+    assert set(report["processes"]) >= {state["pid"], fake.child_pid()}
+    assert any("listening" in line for line in report["tail"])
+    log_lines = fake.log.read_text().splitlines()
+    assert log_lines[0].startswith("==> specfleet: server 'serve' starting ")
+
+    child = fake.child_pid()
+    stopped = fake.stop()
+    assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(stopped.stdout)["stopped"] is True
+    assert not pid_alive(state["pid"])
+    assert not pid_alive(child)
+    assert not fake.state_file.exists()
+    gone = json.loads(cli("status", f"--name={fake.name}", f"--run-dir={fake.run_dir}").stdout)
+    assert gone == {"name": "serve", "recorded": False, "running": False, "healthy": False}
+
+
+def test_port_held_by_someone_else_is_refused_with_exit_3(fakes):
+    fake = fakes()
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", fake.port))
+        holder.listen(1)
+        proc = fake.start()
+    assert proc.returncode == 3
+    assert str(fake.port) in proc.stderr
+    assert f"pid {os.getpid()}" in proc.stderr  # the owner, visible: this test process
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert str(fake.port) in json.loads(proc.stdout)["error"]
+    assert not fake.state_file.exists()
+    assert not fake.child_file.exists()  # nothing was started
+
+
+def test_wait_fails_fast_with_the_log_tail_when_the_server_dies(fakes):
+    fake = fakes()
+    crash = [
+        sys.executable,
+        "-c",
+        "import sys, time; print('loading weights'); print('ValueError: bad flag --foo'); "
+        "sys.stdout.flush(); time.sleep(0.5); sys.exit(1)",
+    ]
+    assert fake.start(*crash).returncode == 0
+    began = time.monotonic()
+    proc = fake.wait(timeout=120)
+    elapsed = time.monotonic() - began
+    assert proc.returncode == 1
+    assert elapsed < 10, f"wait took {elapsed:.1f}s to notice the death"
+    out = json.loads(proc.stdout)
+    assert out["healthy"] is False
+    assert "exited before becoming healthy" in out["error"]
+    assert "ValueError: bad flag --foo" in out["error"]
+    assert "ValueError: bad flag --foo" in proc.stderr
+    # stop after a death only cleans up
+    stopped = json.loads(fake.stop().stdout)
+    assert stopped["stopped"] is False
+    assert not fake.state_file.exists()
+
+
+def test_wait_times_out_when_never_healthy(fakes):
+    fake = fakes()
+    assert fake.start(*fake.argv(delay=300)).returncode == 0
+    began = time.monotonic()
+    proc = fake.wait(timeout=2)
+    assert proc.returncode == 1
+    assert time.monotonic() - began < 10
+    error = json.loads(proc.stdout)["error"]
+    assert "did not answer 200" in error
+    assert "fake server: loading" in error
+
+
+def test_stop_kills_the_whole_group_even_if_it_ignores_sigterm(fakes):
+    fake = fakes()
+    assert fake.start(*fake.argv(ignore_term=True)).returncode == 0
+    assert fake.wait().returncode == 0
+    pid = json.loads(fake.state_file.read_text())["pid"]
+    child = fake.child_pid()
+    assert pid_alive(pid) and pid_alive(child)
+
+    result = vllm_server.stop_server(fake.name, fake.run_dir, grace_s=1)
+    assert result["stopped"] is True
+    assert result["killed"] is True  # the server ignored SIGTERM; the sleep child did not
+    assert not pid_alive(pid)
+    assert not pid_alive(child)
+
+
+def test_stop_is_idempotent_and_touches_nothing_else(fakes, tmp_path):
+    fake = fakes()
+    never = cli("stop", "--name=nothing", f"--run-dir={tmp_path / 'empty'}")
+    assert never.returncode == 0
+    assert json.loads(never.stdout)["stopped"] is False
+
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        assert fake.start().returncode == 0
+        assert fake.wait().returncode == 0
+        assert json.loads(fake.stop().stdout)["stopped"] is True
+        again = fake.stop()
+        assert again.returncode == 0
+        assert json.loads(again.stdout)["stopped"] is False
+        assert pid_alive(bystander.pid)
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_restart_under_the_same_name_stops_the_old_server(fakes):
+    fake = fakes()
+    assert fake.start().returncode == 0
+    assert fake.wait().returncode == 0
+    old = json.loads(fake.state_file.read_text())["pid"]
+    again = fake.start()
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["stopped_stale"] is True
+    assert not pid_alive(old)
+    assert fake.wait().returncode == 0
+
+
+def test_python_api_and_secret_redaction(fakes):
+    fake = fakes()
+    argv = [*fake.argv(), "--api-key", "s3cret", "--api-key=other"]
+    info = vllm_server.start_server(fake.name, fake.run_dir, fake.log, fake.port, argv)
+    assert info["started"] is True
+    healthy = vllm_server.wait_healthy(fake.name, fake.run_dir, timeout=60)
+    assert healthy["healthy"] is True
+    recorded = fake.state_file.read_text() + fake.log.read_text()
+    assert "s3cret" not in recorded and "other" not in recorded
+    assert json.loads(fake.state_file.read_text())["argv"][-3:] == [
+        "--api-key",
+        "***",
+        "--api-key=***",
+    ]
+    with pytest.raises(vllm_server.PortInUse, match=str(fake.port)):
+        vllm_server.start_server("other", fake.run_dir, fake.log, fake.port, fake.argv())
+    result = vllm_server.stop_server(fake.name, fake.run_dir)
+    assert result["stopped"] is True
+    assert not pid_alive(info["pid"])  # reaped by the API although it was our child
+
+
+def test_bad_input():
+    empty = cli("start", "--name=x", "--run-dir=/nonexistent-run", "--log=x", "--port=1")
+    assert empty.returncode == 2
+    assert "no server command" in empty.stderr
+    missing = cli("wait", "--name=x", "--run-dir=/nonexistent-run", "--timeout=1")
+    assert missing.returncode == 2
+    assert "no server 'x'" in missing.stderr
+    help_text = cli("--help")
+    assert help_text.returncode == 0
+    assert "start" in help_text.stdout and "exit" in help_text.stdout.lower()
+
+
+def test_start_with_a_missing_executable_is_bad_input(tmp_path):
+    proc = cli(
+        "start", "--name=x", f"--run-dir={tmp_path}", f"--log={tmp_path / 'x.log'}",
+        f"--port={free_port()}", "--", str(tmp_path / "no-such-binary"),
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "no-such-binary" in proc.stderr
+
+
+# ---------------------------------------------------------------- hidden-states argv
+
+
+def test_aux_layer_ids_validation():
+    assert aux_layer_ids([2, 18, 34], 36) == [2, 18, 34, 36]
+    assert aux_layer_ids([1, 2, 3], 6) == [1, 2, 3, 6]
+    with pytest.raises(ValueError, match=r"duplicate target layer ids: \[2\]"):
+        aux_layer_ids([2, 2, 3], 6)
+    with pytest.raises(ValueError, match=r"\[6, 9\] are not in \[0, 6\)"):
+        aux_layer_ids([1, 6, 9], 6)
+    with pytest.raises(ValueError, match=r"\[-1\]"):
+        aux_layer_ids([-1], 6)
+    with pytest.raises(ValueError, match="no target layer ids"):
+        aux_layer_ids([], 6)
+
+
+def test_hidden_states_argv_cpu_and_npu():
+    cpu = hidden_states_server_argv(
+        "py", "/m", 8001, "127.0.0.1", [1, 2, 3], 6, "/hs", 256, 0.9, cpu=True,
+        extra=["--max-num-seqs", "8"],
+    )  # fmt: skip
+    assert cpu[:5] == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
+    assert "--gpu-memory-utilization" not in cpu
+    assert cpu[-2:] == ["--max-num-seqs", "8"]
+    spec = json.loads(cpu[cpu.index("--speculative-config") + 1])
+    assert spec == {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 6]}},
+    }
+    kv = json.loads(cpu[cpu.index("--kv-transfer-config") + 1])
+    assert kv == kv_transfer_config("/hs", cpu=True)
+    assert kv["kv_connector"] == "CPUHiddenStatesConnector"
+    assert kv["kv_connector_module_path"] == "specfleet_helpers.hidden_states_cpu"
+    assert kv["kv_connector_extra_config"] == {"shared_storage_path": "/hs"}
+    for flag in ("--enforce-eager", "--no-enable-chunked-prefill"):
+        assert flag in cpu
+    assert cpu[cpu.index("--api-server-count") + 1] == "1"
+    assert cpu[cpu.index("--max-model-len") + 1] == "256"
+    assert cpu[cpu.index("--host") + 1] == "127.0.0.1"
+    assert cpu[cpu.index("--port") + 1] == "8001"
+
+    npu = hidden_states_server_argv(
+        "python3", "/m", 8000, "127.0.0.1", [2, 18, 34], 36, "/hs", 4096, 0.9, cpu=False
+    )
+    assert npu[:5] == ["python3", "-m", "vllm.entrypoints.cli.main", "serve", "/m"]
+    assert npu[npu.index("--gpu-memory-utilization") + 1] == "0.9"
+    kv = json.loads(npu[npu.index("--kv-transfer-config") + 1])
+    assert kv == {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": "/hs"},
+    }
+    with pytest.raises(ValueError, match="36"):
+        hidden_states_server_argv("p", "/m", 1, "h", [2, 36], 36, "/hs", 1, None, cpu=False)
+
+
+def test_connector_module_help_works_without_vllm():
+    # The controller's Python (this one) has no vllm: --help must not import it.
+    proc = subprocess.run(
+        [sys.executable, "-m", "specfleet_helpers.hidden_states_cpu", "--path", "/hs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == kv_transfer_config("/hs", cpu=True)
+    help_text = subprocess.run(
+        [sys.executable, "-m", "specfleet_helpers.hidden_states_cpu", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )
+    assert help_text.returncode == 0
+    assert "pin_memory" in help_text.stdout
+
+
+# ---------------------------------------------------------------- real vLLM CPU (slow)
+
+BUILD_TINY_QWEN3 = r"""
+import glob, os, sys
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+out = sys.argv[1]
+specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+pattern = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=False))
+tok.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+])
+tok.decoder = decoders.ByteLevel()
+trainer = trainers.BpeTrainer(
+    vocab_size=1000, min_frequency=2, special_tokens=specials,
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+)
+tok.train(sorted(glob.glob(os.path.join(os.path.dirname(os.__file__), "*.py")))[:60], trainer)
+fast = PreTrainedTokenizerFast(
+    tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    additional_special_tokens=["<|im_start|>", "<|im_end|>"], model_max_length=4096,
+)
+fast.chat_template = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] "
+    "+ '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+torch.manual_seed(0)
+config = Qwen3Config(
+    vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
+    tie_word_embeddings=False, bos_token_id=0, eos_token_id=2, pad_token_id=0,
+    dtype="bfloat16",
+)
+config.architectures = ["Qwen3ForCausalLM"]
+Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
+fast.save_pretrained(out)
+"""
+
+
+def build_tiny_verifier(python: Path, out: Path) -> None:
+    """The shared builder when it exists and works, else the recipe above."""
+    env = {**os.environ, "PYTHONPATH": str(HELPERS)}
+    if (HELPERS / "specfleet_helpers" / "tiny_models.py").is_file():
+        proc = subprocess.run(
+            [str(python), "-m", "specfleet_helpers.tiny_models", "verifier", "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+        if proc.returncode == 0 and (out / "config.json").is_file():
+            return
+    script = out.parent / "build_tiny_qwen3.py"
+    script.write_text(BUILD_TINY_QWEN3)
+    subprocess.run([str(python), str(script), str(out)], check=True, timeout=300, env=env)
+
+
+def read_safetensors(path: Path) -> tuple[dict, bytes]:
+    """Header (name -> dtype, shape, offsets) and data of a safetensors file, stdlib only."""
+    raw = path.read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + size])
+    header.pop("__metadata__", None)
+    return header, raw[8 + size :]
+
+
+def post_json(url: str, body: dict, timeout: float = 120) -> dict:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with opener.open(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("SPECFLEET_SLOW_TESTS") != "1", reason="set SPECFLEET_SLOW_TESTS=1 (~2 min)"
+)
+@pytest.mark.skipif(not CPU_VENV_PYTHON.exists(), reason="no CPU-profile venv under .work/local")
+def test_real_vllm_cpu_hidden_states_server(tmp_path):
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    model = tmp_path / "tiny-qwen3"
+    build_tiny_verifier(CPU_VENV_PYTHON, model)
+    timings["build_model_s"] = round(time.monotonic() - t0, 1)
+    config = json.loads((model / "config.json").read_text())
+    num_layers, hidden = config["num_hidden_layers"], config["hidden_size"]
+
+    hs_dir = tmp_path / "hs"
+    port = free_port()
+    argv = hidden_states_server_argv(
+        str(CPU_VENV_PYTHON), str(model), port, "127.0.0.1", [1, 2, 3], num_layers,
+        str(hs_dir), 256, 0.9, cpu=True, extra=["--max-num-seqs", "8"],
+    )  # fmt: skip
+    run_dir, log = tmp_path / "run", tmp_path / "logs" / "hidden_states.log"
+    env = {"PYTHONPATH": str(HELPERS), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    info = vllm_server.start_server("hidden_states", run_dir, log, port, argv, env=env)
+    try:
+        healthy = vllm_server.wait_healthy("hidden_states", run_dir, timeout=300)
+        timings["healthy_s"] = healthy["seconds"]
+        members = vllm_server.group_members(info["pgid"])
+        assert len(members) >= 2, "expected the API server and its engine core process"
+
+        prompts = [[1, 100 + i, 200 + i, 300 + i, 400, 500, 2][: 4 + i] for i in range(3)]
+        t2 = time.monotonic()
+        answers = [
+            post_json(
+                f"http://127.0.0.1:{port}/v1/completions",
+                {"model": str(model), "prompt": ids, "max_tokens": 1},
+            )
+            for ids in prompts
+        ]
+        timings["requests_s"] = round(time.monotonic() - t2, 2)
+        for answer in answers:
+            assert answer["choices"][0]["finish_reason"] == "length"
+        paths = [a.get("kv_transfer_params", {}).get("hidden_states_path") for a in answers]
+
+        def written() -> list[Path]:
+            return sorted(hs_dir.glob("*.safetensors"))
+
+        assert wait_until(lambda: len(written()) == 3, 30), f"files: {written()}"
+        if all(paths):
+            assert sorted(Path(p) for p in paths) == written()
+        seen = []
+        for path in written():
+            lock = Path(f"{path}.lock")
+            if lock.exists():  # the writer holds LOCK_EX until the file is complete
+                import fcntl
+
+                with lock.open() as fh:
+                    fcntl.flock(fh, fcntl.LOCK_SH)
+            header, data = read_safetensors(path)
+            assert set(header) == {"hidden_states", "token_ids"}
+            ids_meta = header["token_ids"]
+            assert ids_meta["dtype"] == "I64"
+            start, end = ids_meta["data_offsets"]
+            token_ids = list(struct.unpack(f"<{(end - start) // 8}q", data[start:end]))
+            hs_meta = header["hidden_states"]
+            assert hs_meta["shape"] == [len(token_ids), 4, hidden]  # layers 1, 2, 3, last
+            assert hs_meta["dtype"] == "BF16"
+            seen.append(token_ids)
+        assert sorted(seen) == sorted(prompts)
+    finally:
+        t3 = time.monotonic()
+        stopped = vllm_server.stop_server("hidden_states", run_dir)
+        timings["stop_s"] = round(time.monotonic() - t3, 1)
+    timings["total_s"] = round(time.monotonic() - t0, 1)
+    print("timings", json.dumps(timings))
+    assert stopped["stopped"] is True
+    assert vllm_server.group_members(info["pgid"]) == []
+    assert not any(pid_alive(pid) for pid in members)
+    assert vllm_server.health_ok("127.0.0.1", port) is False
+    assert "pin_memory" not in log.read_text()
