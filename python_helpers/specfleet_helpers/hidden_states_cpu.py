@@ -24,14 +24,25 @@ vLLM loads it through ``--kv-transfer-config``::
 so ``specfleet_helpers`` must be importable by the vLLM processes (PYTHONPATH). vLLM is
 imported only when vLLM asks for the class, so ``--help`` and the argv builder work
 without it.
+
+Intel CPUs with AMX (Sapphire Rapids and later): vLLM CPU 0.32 picks its AMX attention
+kernel for bf16 there but never asks Linux for permission to use the AMX tile registers
+(``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``, required since Linux 5.16), so
+the worker dies with SIGILL ("exit code: -4") in ``cpu_attention_with_kv_cache`` on the
+first request, with or without this connector. Building the connector class requests
+that permission in each vLLM process that creates a connector, the model worker
+included. Servers that load no connector (the serve stage) get the same fix with
+``--worker-extension-cls specfleet_helpers.hidden_states_cpu.CPUWorkerExtension``.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import fcntl
 import json
 import os
+import platform
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -153,7 +164,53 @@ def hidden_states_server_argv(
     return argv + [str(arg) for arg in extra]
 
 
+WORKER_EXTENSION = "CPUWorkerExtension"
+
+# Linux x86-64: arch_prctl(2) syscall number, ARCH_REQ_XCOMP_PERM, the AMX tile data
+# state component (Documentation/arch/x86/xstate.rst).
+_SYS_ARCH_PRCTL = 158
+_ARCH_REQ_XCOMP_PERM = 0x1023
+_XFEATURE_XTILEDATA = 18
+
+
+def _cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    try:
+        with open(cpuinfo) as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return "amx_tile" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def request_amx_permission() -> Optional[bool]:
+    """Ask Linux to let this process use the AMX tile registers (needed before any AMX
+    instruction, else SIGILL). None where there is no AMX; True once permitted; False if
+    the kernel refused. Permission is per process, so each vLLM process asks itself."""
+    if sys.platform != "linux" or platform.machine() != "x86_64" or not _cpu_has_amx():
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _build_worker_extension() -> type:
+    request_amx_permission()
+
+    class CPUWorkerExtension:
+        """Empty vLLM worker extension: loading it (in the worker, before the model runs)
+        requests the AMX permission; it adds no methods."""
+
+    CPUWorkerExtension.__module__ = __name__
+    CPUWorkerExtension.__qualname__ = WORKER_EXTENSION
+    return CPUWorkerExtension
+
+
 def _build_connector_class() -> type:
+    request_amx_permission()
     import torch
     from vllm.distributed.kv_transfer.kv_connector.v1 import (
         example_hidden_states_connector as upstream,
@@ -220,11 +277,12 @@ def _build_connector_class() -> type:
 
 
 def __getattr__(name: str) -> Any:
-    # vLLM does getattr(import_module(kv_connector_module_path), kv_connector): build the
-    # class (importing torch and vLLM) only then.
-    if name == CPU_CONNECTOR:
-        cls = _build_connector_class()
-        globals()[CPU_CONNECTOR] = cls
+    # vLLM does getattr(import_module(kv_connector_module_path), kv_connector) (and the same
+    # for --worker-extension-cls): build the class (importing torch and vLLM) only then.
+    builders = {CPU_CONNECTOR: _build_connector_class, WORKER_EXTENSION: _build_worker_extension}
+    if name in builders:
+        cls = builders[name]()
+        globals()[name] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -118,12 +118,12 @@ def cpu_config_problems(config: Mapping[str, Any]) -> list[str]:
         )
     elif attn == "simple_flex_attention":
         problems.append(
-            "--draft-attn-impl is simple_flex_attention (the default), which has no "
+            "--draft-attn-impl is simple_flex_attention (speculators' default), which has no "
             "backward on CPU: pass --draft-attn-impl sdpa"
         )
     if config.get("loss_implementation") == "fused":
         problems.append(
-            "--loss-implementation is fused (the default), a Triton kernel with no CPU "
+            "--loss-implementation is fused (speculators' default), a Triton kernel with no CPU "
             "driver: pass --loss-implementation eager"
         )
     if config.get("fsdp_shard"):

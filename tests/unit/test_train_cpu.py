@@ -249,7 +249,7 @@ def test_cpu_incompatible_arguments_are_refused_before_training(monkeypatch, cap
     assert train_cpu.main([]) == 2
     err = capsys.readouterr().err
     assert err == (
-        "train_cpu: --loss-implementation is fused (the default), a Triton kernel with no "
+        "train_cpu: --loss-implementation is fused (speculators' default), a Triton kernel with no "
         "CPU driver: pass --loss-implementation eager\n"
     )
     assert stack.calls == []
@@ -419,14 +419,18 @@ Qwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
 tokenizer.save_pretrained(out)
 """
 
-# The runbook's NPU flags, changed for the tiny model and for CPU:
-#   --target-layer-ids 2 18 34 -> 1 2 3   (the verifier has 6 layers, not 36)
-#   --num-layers 5 -> 1                   (a 1-layer draft, like the converted tiny draft)
-#   --block-size 8 -> 4                   (the tiny pipeline's draft block size)
-#   --draft-vocab-size 32000 -> 512       (must not exceed the verifier's vocab of 1024)
-# and added: --loss-implementation eager (no Triton on CPU), --num-workers 0 (speculators
-# defaults to 12 dataloader worker processes), --total-seq-len 256 (packs a few rows per
-# step instead of all of them into one 8192-token batch).
+# The runbook's NPU flags, changed for the tiny model (each checked on this model):
+#   --target-layer-ids 2 18 34 -> 1 2 3   speculators refuses ids beyond the verifier's 6
+#                                         layers ("must be distinct and within [0, 6]")
+#   --draft-vocab-size 32000 -> 512       must not exceed the verifier's vocab (1024): with a
+#                                         token_freq.pt, 32000 fails with an IndexError
+#   --num-layers 5 -> 1, --block-size 8 -> 4   the tiny pipeline's draft shape; 5 and 8
+#                                         also train, only slower
+# and added for CPU: --loss-implementation eager (no Triton), --num-workers 0 (speculators
+# starts 12 dataloader processes by default), --total-seq-len 256 (a few rows per step
+# instead of all of them in one 8192-token batch). --draft-attn-impl sdpa,
+# --hidden-states-dtype float32 (CPU autocast then turns itself off, with a warning),
+# --max-anchors 32, --epochs 1, --lr 3e-4 and --on-missing raise are the runbook's.
 TRAIN_ARGS = [
     "--speculator-type", "dflash",
     "--draft-vocab-size", "512",
