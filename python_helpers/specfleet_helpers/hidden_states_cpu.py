@@ -26,13 +26,14 @@ imported only when vLLM asks for the class, so ``--help`` and the argv builder w
 without it.
 
 Intel CPUs with AMX (Sapphire Rapids and later): vLLM CPU 0.32 picks its AMX attention
-kernel for bf16 there but never asks Linux for permission to use the AMX tile registers
-(``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``, required since Linux 5.16), so
-the worker dies with SIGILL ("exit code: -4") in ``cpu_attention_with_kv_cache`` on the
-first request, with or without this connector. Building the connector class requests
-that permission in each vLLM process that creates a connector, the model worker
-included. Servers that load no connector (the serve stage) get the same fix with
-``--worker-extension-cls specfleet_helpers.hidden_states_cpu.CPUWorkerExtension``.
+kernel for bf16 there but does not itself ask Linux for permission to use the AMX tile
+registers (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``, needed since Linux
+5.16), so the worker died with SIGILL ("exit code: -4") in ``cpu_attention_with_kv_cache``
+on the first request, with or without a connector, even for plain serving. Loading
+``CPUWorkerExtension`` (``--worker-extension-cls
+specfleet_helpers.hidden_states_cpu.CPUWorkerExtension``, which the CPU argv below
+includes) requests that permission in the model worker before the model runs; building the
+connector class requests it too. Servers of other stages need only that flag.
 """
 
 from __future__ import annotations
@@ -51,18 +52,17 @@ from typing import Any, Optional
 CPU_CONNECTOR = "CPUHiddenStatesConnector"
 UPSTREAM_CONNECTOR = "ExampleHiddenStatesConnector"
 MODULE_PATH = "specfleet_helpers.hidden_states_cpu"
+WORKER_EXTENSION = "CPUWorkerExtension"
 _UPSTREAM_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 
 
 def kv_transfer_config(path: str, cpu: bool = True) -> dict[str, Any]:
     """The --kv-transfer-config value: this connector on CPU, vLLM's own elsewhere."""
-    config: dict[str, Any] = {
-        "kv_connector": CPU_CONNECTOR if cpu else UPSTREAM_CONNECTOR,
-        "kv_role": "kv_producer",
-        "kv_connector_extra_config": {"shared_storage_path": str(path)},
-    }
+    config: dict[str, Any] = {"kv_connector": CPU_CONNECTOR if cpu else UPSTREAM_CONNECTOR}
     if cpu:
         config["kv_connector_module_path"] = MODULE_PATH
+    config["kv_role"] = "kv_producer"
+    config["kv_connector_extra_config"] = {"shared_storage_path": str(path)}
     return config
 
 
@@ -134,8 +134,9 @@ def hidden_states_server_argv(
     would otherwise start several); eager mode. ``gpu_memory_utilization`` is passed on
     NPU only (None: vLLM's default): on CPU vLLM reads it as the fraction of host RAM to
     reserve, which fails on a shared host, so there the KV cache is sized by the
-    VLLM_CPU_KVCACHE_SPACE environment variable (GiB) instead. `extra` goes last, so its
-    flags win.
+    VLLM_CPU_KVCACHE_SPACE environment variable (GiB) instead. On CPU the argv also loads
+    CPUWorkerExtension (AMX permission, see the module docstring). `extra` goes last, so
+    its flags win.
     """
     spec = json.dumps(speculative_config(layer_ids, num_layers), separators=(",", ":"))
     kv = json.dumps(kv_transfer_config(out_dir, cpu=cpu), separators=(",", ":"))
@@ -159,12 +160,13 @@ def hidden_states_server_argv(
         "--max-model-len",
         str(int(max_model_len)),
     ]
-    if gpu_memory_utilization is not None and not cpu:
+    if cpu:
+        # Loaded in the model worker before anything runs: AMX permission (module doc).
+        argv += ["--worker-extension-cls", f"{MODULE_PATH}.{WORKER_EXTENSION}"]
+    elif gpu_memory_utilization is not None:
         argv += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
     return argv + [str(arg) for arg in extra]
 
-
-WORKER_EXTENSION = "CPUWorkerExtension"
 
 # Linux x86-64: arch_prctl(2) syscall number, ARCH_REQ_XCOMP_PERM, the AMX tile data
 # state component (Documentation/arch/x86/xstate.rst).
@@ -211,10 +213,11 @@ def _build_worker_extension() -> type:
 
 def _build_connector_class() -> type:
     request_amx_permission()
+    import importlib
+
     import torch
-    from vllm.distributed.kv_transfer.kv_connector.v1 import (
-        example_hidden_states_connector as upstream,
-    )
+
+    upstream = importlib.import_module(_UPSTREAM_MODULE)
 
     class _CopyDone:
         """Stands in for the CUDA event the upstream code records after its async copy:
@@ -294,7 +297,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             "CPUHiddenStatesConnector: vLLM's ExampleHiddenStatesConnector without "
             "pin_memory=True, which kills the engine on a CPU-only torch. vLLM loads it from "
             "this module through --kv-transfer-config (specfleet_helpers must be on the "
-            "server's PYTHONPATH). Prints that --kv-transfer-config JSON for --path."
+            "server's PYTHONPATH). Prints that --kv-transfer-config JSON for --path. "
+            "On Intel CPUs with AMX also pass --worker-extension-cls "
+            f"{MODULE_PATH}.{WORKER_EXTENSION} to any vLLM CPU server (SIGILL otherwise)."
         ),
     )
     parser.add_argument(

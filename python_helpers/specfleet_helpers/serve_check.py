@@ -16,6 +16,7 @@ Exit codes: 0 ok, 1 check failed or the server misbehaved, 2 bad input.
 from __future__ import annotations
 
 import argparse
+import http.client
 import ipaddress
 import json
 import math
@@ -197,7 +198,7 @@ class Client:
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:ERROR_BODY_CHARS].decode("utf-8", errors="replace")
             raise CheckError(f"{method} {path} -> HTTP {exc.code}: {detail.strip()}") from None
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CheckError(f"{method} {path}: cannot reach {self.base}: {reason}") from None
 

@@ -23,6 +23,7 @@ input, 3 port already in use.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -192,7 +193,7 @@ def health_ok(host: str, port: int, timeout: float = HEALTH_REQUEST_TIMEOUT_S) -
     try:
         with _OPENER.open(_url(host, port, "/health"), timeout=timeout) as resp:
             return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError):
         return False
 
 

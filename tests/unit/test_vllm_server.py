@@ -395,12 +395,16 @@ def test_hidden_states_argv_cpu_and_npu():
     assert cpu[cpu.index("--max-model-len") + 1] == "256"
     assert cpu[cpu.index("--host") + 1] == "127.0.0.1"
     assert cpu[cpu.index("--port") + 1] == "8001"
+    assert cpu[cpu.index("--worker-extension-cls") + 1] == (
+        "specfleet_helpers.hidden_states_cpu.CPUWorkerExtension"
+    )
 
     npu = hidden_states_server_argv(
         "python3", "/m", 8000, "127.0.0.1", [2, 18, 34], 36, "/hs", 4096, 0.9, cpu=False
     )
     assert npu[:5] == ["python3", "-m", "vllm.entrypoints.cli.main", "serve", "/m"]
     assert npu[npu.index("--gpu-memory-utilization") + 1] == "0.9"
+    assert "--worker-extension-cls" not in npu
     kv = json.loads(npu[npu.index("--kv-transfer-config") + 1])
     assert kv == {
         "kv_connector": "ExampleHiddenStatesConnector",
@@ -431,6 +435,37 @@ def test_connector_module_help_works_without_vllm():
     )
     assert help_text.returncode == 0
     assert "pin_memory" in help_text.stdout
+
+
+def test_amx_permission_helpers(tmp_path):
+    from specfleet_helpers import hidden_states_cpu
+
+    with_amx = tmp_path / "cpuinfo-amx"
+    with_amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n")
+    without = tmp_path / "cpuinfo-plain"
+    without.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n")
+    assert hidden_states_cpu._cpu_has_amx(str(with_amx)) is True
+    assert hidden_states_cpu._cpu_has_amx(str(without)) is False
+    assert hidden_states_cpu._cpu_has_amx(str(tmp_path / "missing")) is False
+    # The worker extension needs neither torch nor vLLM; loading it asks for AMX (harmless
+    # elsewhere), in a child process so this one is untouched.
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from specfleet_helpers import hidden_states_cpu as m; "
+            "cls = m.CPUWorkerExtension; "
+            "print(cls.__module__, cls.__qualname__, m.request_amx_permission())",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    module, name, granted = proc.stdout.split()
+    assert (module, name) == ("specfleet_helpers.hidden_states_cpu", "CPUWorkerExtension")
+    assert granted in ("None", "True")  # None: no AMX on this CPU
 
 
 # ---------------------------------------------------------------- real vLLM CPU (slow)
@@ -557,14 +592,15 @@ def test_real_vllm_cpu_hidden_states_server(tmp_path):
         timings["requests_s"] = round(time.monotonic() - t2, 2)
         for answer in answers:
             assert answer["choices"][0]["finish_reason"] == "length"
-        paths = [a.get("kv_transfer_params", {}).get("hidden_states_path") for a in answers]
+        # The connector names each file after the request id and says where in the answer.
+        paths = [(a.get("kv_transfer_params") or {}).get("hidden_states_path") for a in answers]
+        assert all(paths), answers
 
         def written() -> list[Path]:
             return sorted(hs_dir.glob("*.safetensors"))
 
         assert wait_until(lambda: len(written()) == 3, 30), f"files: {written()}"
-        if all(paths):
-            assert sorted(Path(p) for p in paths) == written()
+        assert sorted(Path(p) for p in paths) == written()
         seen = []
         for path in written():
             lock = Path(f"{path}.lock")

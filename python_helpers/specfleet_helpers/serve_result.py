@@ -1,0 +1,129 @@
+"""Combine and verify the serve stage's checks into one result file.
+
+The serve script collects one JSON per check (the chat completion, the spec-decode metrics
+and, for the lossless check, greedy outputs with and without the draft). `combine` writes
+them as one result.json (atomically); `verify` re-reads it and exits 1 unless the smoke
+completion finished by length with exactly max_tokens tokens, the draft proposed tokens
+(drafts > 0) and, when checked, the draft server's greedy tokens equal the plain verifier's.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+
+def last_json(path: Path) -> dict[str, Any]:
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"{path} is empty")
+    return json.loads(lines[-1])
+
+
+def lossless(spec: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
+    """Compare greedy outputs prompt by prompt (token ids when both have them)."""
+    pairs = []
+    for with_draft, without in zip(spec["outputs"], plain["outputs"]):
+        key = "token_ids" if with_draft.get("token_ids") and without.get("token_ids") else "text"
+        pairs.append(
+            {
+                "prompt": with_draft["prompt"],
+                "compared_by": key,
+                "equal": with_draft.get(key) == without.get(key),
+            }
+        )
+    return {
+        "prompts": len(pairs),
+        "equal": bool(pairs) and all(p["equal"] for p in pairs),
+        "pairs": pairs,
+    }
+
+
+def combine(
+    chat: Path, metrics: Path, spec: Optional[Path], plain: Optional[Path], out: Path
+) -> dict[str, Any]:
+    result: dict[str, Any] = {"chat": last_json(chat), "metrics": last_json(metrics)}
+    if spec is not None and plain is not None:
+        result["lossless"] = lossless(last_json(spec), last_json(plain))
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(result, sort_keys=True, indent=1) + "\n")
+    os.replace(tmp, out)
+    return result
+
+
+def verify(result_path: Path, max_tokens: int, require_lossless: bool) -> dict[str, Any]:
+    result = json.loads(result_path.read_text())
+    chat, metrics = result["chat"], result["metrics"]
+    problems = []
+    if chat.get("finish_reason") != "length":
+        problems.append(f"finish_reason is {chat.get('finish_reason')!r}, expected 'length'")
+    if chat.get("completion_tokens") != max_tokens:
+        problems.append(
+            f"completion_tokens is {chat.get('completion_tokens')}, expected {max_tokens}"
+        )
+    if not metrics.get("num_drafts"):
+        problems.append("the draft proposed nothing (spec_decode drafts = 0)")
+    if require_lossless:
+        check = result.get("lossless")
+        if check is None:
+            problems.append("no lossless check recorded")
+        elif not check["equal"]:
+            differing = [p["prompt"] for p in check["pairs"] if not p["equal"]]
+            problems.append(f"greedy outputs differ with the draft for: {differing}")
+    if problems:
+        raise ValueError("; ".join(problems))
+    summary = {
+        "path": str(result_path),
+        "content": chat.get("content"),
+        "completion_tokens": chat.get("completion_tokens"),
+        "finish_reason": chat.get("finish_reason"),
+        "num_drafts": metrics.get("num_drafts"),
+        "num_draft_tokens": metrics.get("num_draft_tokens"),
+        "num_accepted_tokens": metrics.get("num_accepted_tokens"),
+        "acceptance_rate": metrics.get("acceptance_rate"),
+        "mean_acceptance_length": metrics.get("mean_acceptance_length"),
+    }
+    if "lossless" in result:
+        summary["lossless"] = result["lossless"]["equal"]
+        summary["lossless_prompts"] = result["lossless"]["prompts"]
+    return summary
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specfleet_helpers.serve_result",
+        description="Combine the serve stage's check outputs into result.json, or verify it.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("combine", help="write result.json from the per-check JSON files")
+    c.add_argument("--chat", type=Path, required=True)
+    c.add_argument("--metrics", type=Path, required=True)
+    c.add_argument("--greedy-with-draft", type=Path)
+    c.add_argument("--greedy-plain", type=Path)
+    c.add_argument("--out", type=Path, required=True)
+    v = sub.add_parser("verify", help="exit 1 unless result.json shows a passing smoke test")
+    v.add_argument("--result", type=Path, required=True)
+    v.add_argument("--max-tokens", type=int, required=True)
+    v.add_argument("--require-lossless", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "combine":
+            out = combine(
+                args.chat, args.metrics, args.greedy_with_draft, args.greedy_plain, args.out
+            )
+        else:
+            out = verify(args.result, args.max_tokens, args.require_lossless)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"serve result {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(out, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
