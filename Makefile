@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup run check lint unit molecule test clean
+.PHONY: setup run check lint unit integration molecule test clean
 
 setup:  ## controller venv (ansible-core, molecule, testinfra, linters) + collections
 	@scripts/setup-controller
@@ -25,10 +25,13 @@ lint: setup
 unit: setup
 	$(BIN)/python -m pytest tests/unit
 
-molecule: setup
+integration: setup  ## real Ansible runs: mock-NPU npu_env, git and wheelhouse sources
+	$(BIN)/python -m pytest tests/integration
+
+molecule: setup  ## the whole CPU pipeline on this machine: converge, idempotence, testinfra
 	$(BIN)/molecule test --all
 
-test: lint unit molecule  ## everything CI runs
+test: lint unit integration molecule  ## everything CI runs
 
 clean:  ## remove the local work root and caches (not the controller venv)
 	rm -rf .work .cache reports

@@ -1,0 +1,105 @@
+"""What the pipeline stages left on each host: models, converted draft, dataset, hidden
+states, trained draft and the serve result. Each check reads the stamp for the paths and
+then looks at the real files, so a stamp that claims more than the disk holds fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+
+SAFETENSORS_KEYS_PROBE = (
+    "import json, struct, sys\n"
+    "f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]\n"
+    "h = json.loads(f.read(n)); h.pop('__metadata__', None)\n"
+    "print(json.dumps({k: v['shape'] for k, v in h.items()}))\n"
+)
+
+
+def safetensors_shapes(host, path: str) -> dict[str, list[int]]:
+    result = host.run(f"python3 -c {shlex.quote(SAFETENSORS_KEYS_PROBE)} {shlex.quote(path)}")
+    assert result.rc == 0, f"cannot read the safetensors header of {path}: {result.stderr}"
+    return json.loads(result.stdout)
+
+
+def test_models_verified(host, stamp):
+    models = stamp("models")
+    for kind in ("verifier", "draft"):
+        path = models["artifacts"][kind]
+        assert host.file(f"{path}/config.json").exists, f"{path}/config.json missing"
+        assert models["metrics"][kind]["bytes"] > 0
+        assert "config.json" in models["metrics"][kind]["checksums"]
+    assert models["metrics"]["verifier"]["num_hidden_layers"] >= 2
+
+
+def test_converted_draft(host, stamp):
+    convert = stamp("convert")
+    path = convert["artifacts"]["converted"]
+    config = json.loads(host.file(f"{path}/config.json").content_string)
+    assert config["speculators_model_type"] == "dflash", config
+    assert config["block_size"] >= 2
+    layers = stamp("models")["metrics"]["verifier"]["num_hidden_layers"]
+    ids = config["aux_hidden_state_layer_ids"]
+    assert ids and all(0 <= i < layers for i in ids), (ids, layers)
+    assert host.file(f"{path}/model.safetensors").size > 0
+    assert convert["metrics"]["aux_hidden_state_layer_ids"] == ids
+
+
+def test_dataset_rows_and_token_freq(host, stamp):
+    data = stamp("data")
+    prepared = data["artifacts"]["prepared"]
+    assert data["metrics"]["rows"] == data["metrics"]["expected_rows"] > 0
+    assert host.file(f"{prepared}/token_freq.pt").size > 0
+    assert host.file(f"{prepared}/dataset_info.json").exists
+    prompts = host.file(data["artifacts"]["prompts"]).content_string.splitlines()
+    assert len([p for p in prompts if p.strip()]) >= data["metrics"]["rows"]
+    row = json.loads(prompts[0])
+    assert len(row["input_ids"]) == len(row["loss_mask"]) and 1 in row["loss_mask"]
+    assert row["loss_mask"][0] == 0, "the prompt part must not carry loss"
+
+
+def test_hidden_state_files(host, stamp):
+    hs = stamp("hidden_states")
+    rows = stamp("data")["metrics"]["rows"]
+    directory = hs["artifacts"]["hidden_states"]
+    listing = host.run(f"ls -1 {directory}")
+    files = [
+        f for f in listing.stdout.split() if f.startswith("hs_") and f.endswith(".safetensors")
+    ]
+    assert len(files) == rows, f"{len(files)} hs files in {directory}, dataset has {rows} rows"
+    hidden = stamp("models")["metrics"]["verifier"]["hidden_size"]
+    layers = len(hs["inputs"]["target_layer_ids"]) + 1
+    shapes = safetensors_shapes(host, f"{directory}/{files[0]}")
+    assert set(shapes) == {"hidden_states", "token_ids"}, shapes
+    tokens = shapes["token_ids"][0]
+    assert shapes["hidden_states"] == [tokens, layers, hidden], shapes
+
+
+def test_trained_draft_is_clean(host, stamp):
+    train = stamp("train")
+    draft = train["artifacts"]["draft"]
+    listing = sorted(host.run(f"ls -1A {draft}").stdout.split())
+    assert listing == ["config.json", "model.safetensors"], listing
+    loss = train["metrics"]["metrics"]["val_loss"]
+    assert isinstance(loss, float) and math.isfinite(loss), loss
+
+
+def test_serve_result(host, stamp):
+    serve = stamp("serve")
+    result = json.loads(host.file(serve["artifacts"]["result"]).content_string)
+    chat = result["chat"]
+    assert chat["finish_reason"] == "length", chat
+    assert chat["completion_tokens"] == serve["inputs"]["smoke"][1] == 8, chat
+    assert result["metrics"]["num_drafts"] > 0, result["metrics"]
+    assert serve["inputs"]["speculative_config"]["method"] == "dflash"
+    if serve["inputs"]["lossless"] is not None:
+        assert result["lossless"]["equal"], result["lossless"]
+
+
+def test_no_server_left_running(host, root):
+    for name in ("hidden_states", "serve"):
+        record = host.file(f"{root}/run/{name}.server.json")
+        assert not record.exists, (
+            f"{name} server still recorded as running: {record.content_string}"
+        )
