@@ -1,0 +1,26 @@
+"""Re-run behaviour, checked from the stamps (molecule's side_effect step changes train_epochs
+after the idempotence run): a changed input redoes exactly its stage and the ones after it.
+Skipped on hosts where train ran with the default single epoch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+UPSTREAM_OF_TRAIN = ["speculators_install", "models", "convert", "data", "hidden_states"]
+
+
+def test_changed_epochs_redid_exactly_train_and_serve(stamp):
+    train = stamp("train")
+    if train["inputs"]["epochs"] == 1:
+        pytest.skip("train_epochs was not changed on this host")
+    assert train["reason"].startswith("inputs changed: "), train["reason"]
+    assert "epochs" in train["reason"], train["reason"]
+    serve = stamp("serve")
+    assert serve["reason"] == "inputs changed: upstream", serve["reason"]
+    assert serve["inputs"]["upstream"]["train"] == train["run_id"]
+    for name in UPSTREAM_OF_TRAIN:
+        earlier = stamp(name)
+        assert earlier["ended"] <= train["started"], (
+            f"{name} ran again (ended {earlier['ended']}) although only train_epochs changed"
+        )
