@@ -156,8 +156,11 @@ def image_python(tmp_path: Path, stub_site: Path) -> Callable[[str], ImagePython
         run([base, "-m", "venv", str(venv)])
         site = Path(
             run(
-                [str(venv / "bin" / "python"), "-c", "import sysconfig; "
-                 "print(sysconfig.get_paths()['purelib'])"]
+                [
+                    str(venv / "bin" / "python"),
+                    "-c",
+                    "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+                ]
             ).stdout.strip()
         )
         preinstalled = {}
