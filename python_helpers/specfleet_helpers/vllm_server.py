@@ -35,7 +35,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
+from specfleet_helpers import procs
 from specfleet_helpers.host_probe import port_free, port_owner
+from specfleet_helpers.procs import proc_stat, read_json, signal_group, write_json_atomic
 from specfleet_helpers.stage_run import tail_lines
 
 DEFAULT_HOST = "127.0.0.1"
@@ -94,19 +96,6 @@ def redact(argv: list[str]) -> list[str]:
     return out
 
 
-def _read_state(path: Path) -> Optional[dict[str, Any]]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
 def _boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -114,30 +103,10 @@ def _boot_id() -> str:
         return ""
 
 
-def _proc_stat(pid: int) -> Optional[tuple[str, int, int]]:
-    """(state, pgid, starttime) of a process from /proc/PID/stat, or None if it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()
-    # After the command name: state ppid pgrp session tty_nr tpgid flags minflt cminflt
-    # majflt cmajflt utime stime cutime cstime priority nice num_threads itrealvalue
-    # starttime (field 22 of the full line, index 19 here).
-    return fields[0], int(fields[2]), int(fields[19])
-
-
 def group_members(pgid: int) -> list[int]:
     """Pids of the live (non-zombie) processes in the process group."""
     _reap_children()
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        stat = _proc_stat(int(entry.name))
-        if stat and stat[1] == pgid and stat[0] not in ("Z", "X"):
-            members.append(int(entry.name))
-    return sorted(members)
+    return procs.group_members(pgid)
 
 
 def _reap_children() -> None:
@@ -151,7 +120,7 @@ def _is_ours(state: dict[str, Any]) -> bool:
     still exists) is the process we started, not a later one that reused the pid."""
     if state.get("boot_id") and state["boot_id"] != _boot_id():
         return False
-    leader = _proc_stat(int(state["pgid"]))
+    leader = proc_stat(int(state["pgid"]))
     if leader is not None and state.get("starttime") is not None:
         return leader[2] == int(state["starttime"])
     return True
@@ -159,13 +128,6 @@ def _is_ours(state: dict[str, Any]) -> bool:
 
 def _live_members(state: dict[str, Any]) -> list[int]:
     return group_members(int(state["pgid"])) if _is_ours(state) else []
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    try:
-        os.killpg(pgid, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _connect_host(host: str) -> str:
@@ -233,7 +195,7 @@ def start_server(
     log.parent.mkdir(parents=True, exist_ok=True)
 
     stopped_stale = False
-    stale = _read_state(state_path(run_dir, name))
+    stale = read_json(state_path(run_dir, name))
     if stale is not None:
         stopped_stale = stop_server(name, run_dir)["stopped"]
 
@@ -262,7 +224,7 @@ def start_server(
         except (FileNotFoundError, PermissionError) as exc:
             raise BadInput(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
     _CHILDREN[proc.pid] = proc
-    stat = _proc_stat(proc.pid)
+    stat = proc_stat(proc.pid)
     state = {
         "name": name,
         "pid": proc.pid,
@@ -275,7 +237,7 @@ def start_server(
         "boot_id": _boot_id(),
         "starttime": stat[2] if stat else None,
     }
-    _write_json_atomic(state_path(run_dir, name), state)
+    write_json_atomic(state_path(run_dir, name), state)
     return {
         "name": name,
         "started": True,
@@ -289,7 +251,7 @@ def start_server(
 
 
 def _require_state(name: str, run_dir: Path) -> dict[str, Any]:
-    state = _read_state(state_path(run_dir, name))
+    state = read_json(state_path(run_dir, name))
     if state is None:
         raise BadInput(f"no server '{name}' recorded in {run_dir} (start it first)")
     return state
@@ -339,7 +301,7 @@ def stop_server(name: str, run_dir: Path, grace_s: float = DEFAULT_GRACE_S) -> d
     """SIGTERM the recorded process group, SIGKILL what is left after `grace_s`, forget the
     server. Idempotent: with no server recorded, or one already gone, it only cleans up."""
     path = state_path(Path(run_dir), name)
-    state = _read_state(path)
+    state = read_json(path)
     result: dict[str, Any] = {"name": name, "stopped": False, "killed": False, "seconds": 0.0}
     if state is None:
         if path.exists():
@@ -349,13 +311,13 @@ def stop_server(name: str, run_dir: Path, grace_s: float = DEFAULT_GRACE_S) -> d
     pgid = int(state["pgid"])
     if _live_members(state):
         result["stopped"] = True
-        _signal_group(pgid, signal.SIGTERM)
+        signal_group(pgid, signal.SIGTERM)
         deadline = began + grace_s
         while _live_members(state) and time.monotonic() < deadline:
             time.sleep(0.2)
         if _live_members(state):
             result["killed"] = True
-            _signal_group(pgid, signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
             kill_deadline = time.monotonic() + 10
             while _live_members(state) and time.monotonic() < kill_deadline:
                 time.sleep(0.1)
@@ -373,7 +335,7 @@ def stop_server(name: str, run_dir: Path, grace_s: float = DEFAULT_GRACE_S) -> d
 
 def server_status(name: str, run_dir: Path, tail: int = 0) -> dict[str, Any]:
     """Whether the recorded server runs, its processes, and one /health probe."""
-    state = _read_state(state_path(Path(run_dir), name))
+    state = read_json(state_path(Path(run_dir), name))
     if state is None:
         return {"name": name, "recorded": False, "running": False, "healthy": False}
     members = _live_members(state)

@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from procutil import pid_alive, wait_until
 from specfleet_helpers import vllm_server
 from specfleet_helpers.hidden_states_cpu import (
     aux_layer_ids,
@@ -59,30 +60,6 @@ server = http.server.HTTPServer(("127.0.0.1", port), Handler)
 print(f"fake server: listening on {port}", flush=True)
 server.serve_forever()
 """
-
-
-def pid_alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def free_port() -> int:
