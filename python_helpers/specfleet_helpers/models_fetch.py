@@ -26,6 +26,16 @@ def fetch(model_id: str, revision: str, cache_dir: str, endpoint: Optional[str])
     token = os.environ.get("MODELSCOPE_API_TOKEN")
     if token:
         kwargs["token"] = token
+        if endpoint:
+            # modelscope 1.37 scopes the token's session cookie to its public domain, so a
+            # mirror would never see it: send it as that mirror's cookie ourselves.
+            from urllib.parse import urlsplit  # noqa: PLC0415
+
+            from requests.cookies import RequestsCookieJar  # noqa: PLC0415
+
+            jar = RequestsCookieJar()
+            jar.set("m_session_id", token, domain=urlsplit(endpoint).hostname, path="/")
+            kwargs["cookies"] = jar
     return snapshot_download(model_id, **kwargs)
 
 

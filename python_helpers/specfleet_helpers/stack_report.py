@@ -44,9 +44,36 @@ def constraints(versions: dict[str, Optional[str]]) -> list[str]:
     return [f"{name}=={version}" for name, version in sorted(versions.items()) if version]
 
 
-def check_expectations(expected: list[str], absent: list[str]) -> list[str]:
-    """Human-readable problems: wrong or missing versions, distributions that should be absent."""
+def is_editable(name: str) -> Optional[bool]:
+    """Whether the distribution is an editable install (PEP 610 direct_url.json); None if absent."""
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return None
+    raw = dist.read_text("direct_url.json")
+    if not raw:
+        return False
+    try:
+        return bool(json.loads(raw).get("dir_info", {}).get("editable", False))
+    except ValueError:
+        return False
+
+
+def check_expectations(
+    expected: list[str],
+    absent: list[str],
+    editable: Optional[list[str]] = None,
+    not_editable: Optional[list[str]] = None,
+) -> list[str]:
+    """Human-readable problems: wrong or missing versions, distributions that should be
+    absent, and installs of the wrong kind (editable from a git checkout, or not)."""
     problems = []
+    for name in editable or []:
+        if is_editable(name) is False:
+            problems.append(f"{name} is not an editable install, expected one (git source)")
+    for name in not_editable or []:
+        if is_editable(name):
+            problems.append(f"{name} is an editable install, expected a regular one")
     for spec in expected:
         name, _, want = spec.partition("==")
         have = distribution_versions([name])[name]
@@ -104,8 +131,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         metavar="NAME",
         help="exit 1 if NAME is installed (repeat)",
     )
+    parser.add_argument(
+        "--expect-editable",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="exit 1 if NAME is installed but not editable (repeat)",
+    )
+    parser.add_argument(
+        "--expect-not-editable",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="exit 1 if NAME is an editable install (repeat)",
+    )
     args = parser.parse_args(argv)
-    problems = check_expectations(args.expect, args.expect_absent)
+    problems = check_expectations(
+        args.expect, args.expect_absent, args.expect_editable, args.expect_not_editable
+    )
     if problems:
         print("; ".join(problems))
         return 1

@@ -134,7 +134,7 @@ class Play:
     label: str
     rc: int
     recap: dict[str, int]
-    output: str
+    output: str = field(repr=False)
     seconds: float
     # Files of the checkout that changed while the play ran.
     checkout_changed: list[str] = field(default_factory=list)
@@ -180,9 +180,9 @@ class Work:
     root: Path = field(init=False)
     inventory: Path = field(init=False)
     ports: dict[str, int] = field(init=False)
-    plays: dict[str, Play] = field(default_factory=dict)
+    plays: dict[str, Play] = field(default_factory=dict, repr=False)
     # The stage's stamp and log time right before play_again's checked play.
-    stamp_before_check: bytes = b""
+    stamp_before_check: bytes = field(default=b"", repr=False)
     log_mtime_before_check: int = 0
 
     def __post_init__(self) -> None:

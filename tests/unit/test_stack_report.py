@@ -119,3 +119,36 @@ def test_cli_npu_without_torch_npu():
     assert report["npu_available"] is False
     assert report["npu_count"] == 0
     assert "ModuleNotFoundError" in report["npu_error"]
+
+
+def _fake_dist(site, name: str, editable: bool | None) -> None:
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    if editable is not None:
+        url = {"url": "file:///src/x", "dir_info": {"editable": editable}}
+        (info / "direct_url.json").write_text(json.dumps(url))
+
+
+def test_editable_expectations(tmp_path):
+    site = tmp_path / "site"
+    _fake_dist(site, "fromgit", editable=True)
+    _fake_dist(site, "fromwheel", editable=None)
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{HELPERS}"}
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "specfleet_helpers.stack_report", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+
+    assert run("--expect-editable=fromgit", "--expect-not-editable=fromwheel").returncode == 0
+    wrong = run("--expect-not-editable=fromgit")
+    assert wrong.returncode == 1
+    assert "fromgit is an editable install, expected a regular one" in wrong.stdout
+    wrong = run("--expect-editable=fromwheel")
+    assert wrong.returncode == 1
+    assert "fromwheel is not an editable install" in wrong.stdout
