@@ -103,3 +103,18 @@ def test_no_server_left_running(host, root):
         assert not record.exists, (
             f"{name} server still recorded as running: {record.content_string}"
         )
+
+
+PIPELINE = ["speculators_install", "models", "convert", "data", "hidden_states", "train", "serve"]
+
+
+def test_upstream_run_ids_match_the_upstream_stamps(stamp):
+    """Each stamp names the runs of the stages it was built from; they must be the runs
+    whose artifacts are on disk now, or a redone stage would not redo what follows it."""
+    run_ids = {name: stamp(name)["run_id"] for name in PIPELINE}
+    for name in PIPELINE:
+        for upstream, run_id in (stamp(name)["inputs"].get("upstream") or {}).items():
+            assert run_id == run_ids[upstream], (
+                f"{name} was built from {upstream} run {run_id}, but {upstream}'s stamp is run "
+                f"{run_ids[upstream]}"
+            )
