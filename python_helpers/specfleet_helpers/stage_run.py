@@ -25,11 +25,18 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .procs import group_alive, kill_group, process_alive, read_json, write_json_atomic
+from .procs import (
+    DEFAULT_GRACE_S,
+    group_alive,
+    kill_group,
+    process_alive,
+    read_json,
+    write_json_atomic,
+)
 
 STEP_PREFIX = "==>"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
-KILL_GRACE_S = 10.0
+KILL_GRACE_S = DEFAULT_GRACE_S
 
 
 def _paths(run_dir: Path, name: str) -> dict[str, Path]:
