@@ -1,8 +1,12 @@
-"""Print every stage stamp under a state directory as one JSON object ({stage: stamp}).
+"""Print what a specfleet work root records about its stages, as one JSON object.
 
-Plays read it once per host so that a run limited with --tags (say `--tags serve`) still
-knows where the earlier stages put their artifacts, and which runs produced them.
-Standard library only.
+    {"stamps": {stage: stamp}, "failures": {stage: failure record}, "environment": {...}}
+
+Stamps (`<stage>.json`) are written when a stage succeeds; failure records
+(`<stage>.failed.json`) when it fails; `npu_env.json` describes the host. Plays read this
+once per host, so a run limited with --tags (say `--tags serve`) still knows where the
+earlier stages put their artifacts and which runs produced them, and the fleet report
+knows what failed. Standard library only.
 """
 
 from __future__ import annotations
@@ -13,27 +17,58 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+FAILURE_SUFFIX = ".failed.json"
+ENVIRONMENT_FILE = "npu_env.json"
+
+
+def _read(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # a damaged stamp counts as no stamp: its stage will run again
+    return data if isinstance(data, dict) else None
+
 
 def load(state_dir: Path) -> dict[str, Any]:
+    """{stage: stamp} for every readable stamp whose "stage" matches its file name."""
     stamps: dict[str, Any] = {}
     for path in sorted(state_dir.glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # a damaged stamp counts as no stamp: its stage will run again
-        if isinstance(data, dict) and data.get("stage") == path.stem:
+        data = _read(path)
+        if data is not None and data.get("stage") == path.stem:
             stamps[path.stem] = data
     return stamps
+
+
+def load_failures(state_dir: Path) -> dict[str, Any]:
+    """{stage: failure record} for every readable `<stage>.failed.json`."""
+    failures: dict[str, Any] = {}
+    for path in sorted(state_dir.glob("*" + FAILURE_SUFFIX)):
+        stage = path.name[: -len(FAILURE_SUFFIX)]
+        data = _read(path)
+        if data is not None and data.get("stage") == stage:
+            failures[stage] = data
+    return failures
+
+
+def load_all(state_dir: Path) -> dict[str, Any]:
+    return {
+        "stamps": load(state_dir),
+        "failures": load_failures(state_dir),
+        "environment": _read(state_dir / ENVIRONMENT_FILE) or {},
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m specfleet_helpers.stamps",
-        description="Print the stage stamps of a specfleet work root as one JSON object.",
+        description=(
+            "Print the stamps, failure records and environment of a specfleet work root"
+            " as one JSON object."
+        ),
     )
     parser.add_argument("--state-dir", type=Path, required=True, help="<specfleet_root>/state")
     args = parser.parse_args(argv)
-    print(json.dumps(load(args.state_dir), sort_keys=True))
+    print(json.dumps(load_all(args.state_dir), sort_keys=True))
     return 0
 
 

@@ -2,8 +2,9 @@
 
 The suite runs against any inventory:
     pytest tests/artifacts --hosts='ansible://all' --ansible-inventory=inventory/fleet.yml
-The work root comes from SPECFLEET_ROOT, else from the host's `specfleet_root` inventory
-variable, else the fleet default /var/lib/specfleet.
+The work root comes from SPECFLEET_ROOTS (a JSON object {host: root}, which the validate
+role passes), else SPECFLEET_ROOT, else the host's `specfleet_root` inventory variable, else
+the fleet default /var/lib/specfleet.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ DEFAULT_ROOT = "/var/lib/specfleet"
 
 @pytest.fixture
 def root(host) -> str:
+    roots = json.loads(os.environ.get("SPECFLEET_ROOTS") or "{}")
+    if host.backend.get_hostname() in roots:
+        return roots[host.backend.get_hostname()]
     if os.environ.get("SPECFLEET_ROOT"):
         return os.environ["SPECFLEET_ROOT"]
     try:

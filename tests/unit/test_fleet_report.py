@@ -1,0 +1,642 @@
+"""Tests for specfleet_helpers.fleet_report: real input documents written to tmp_path, the
+CLI's main() run on them, and the three written files parsed back (JSON, markdown text,
+junit XML with ElementTree)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, NamedTuple, Optional
+
+import pytest
+from specfleet_helpers import fleet_report
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+HELPERS = REPO_ROOT / "python_helpers"
+STAGES = [
+    "npu_env",
+    "speculators_install",
+    "models",
+    "convert",
+    "data",
+    "hidden_states",
+    "train",
+    "serve",
+]
+CPU_ENV = {
+    "accelerator_setting": "cpu",
+    "arch": "x86_64",
+    "cpu_count": 2,
+    "hardware_family": "none",
+    "npu": {
+        "chip_names": [],
+        "device_count": 0,
+        "family": None,
+        "hbm_total_mb": [],
+        "health_ok": None,
+        "npu_count": 0,
+        "npu_smi_version": None,
+    },
+    "profile": "cpu",
+    "ram_total_gb": 24.0,
+    "stack": {"cpu_isa": ["amx_bf16", "avx2", "avx512_bf16", "avx512f"], "python": "3.11.7"},
+}
+NPU_ENV = {
+    "accelerator_setting": "npu",
+    "arch": "aarch64",
+    "cpu_count": 192,
+    "profile": "npu",
+    "ram_total_gb": 1500.0,
+    "npu": {
+        "chip_names": ["910B3"],
+        "device_count": 8,
+        "family": "Ascend910B3",
+        "hbm_total_mb": [65536] * 8,
+        "health_ok": True,
+        "npu_count": 8,
+        "npu_smi_version": "24.1.rc2",
+    },
+    "stack": {"python": "3.11.7"},
+}
+VERSIONS = {
+    "python": "3.11.7",
+    "versions": {
+        "torch": "2.13.0+cpu",
+        "vllm": "0.32.0+cpu",
+        "vllm-ascend": None,
+        "torch_npu": None,
+        "transformers": "5.19.0",
+    },
+}
+METRICS: dict[str, dict[str, Any]] = {
+    "speculators_install": {"speculators_version": "0.9.0"},
+    "models": {"verifier": {"bytes": 2305176}, "draft": {"bytes": 395728}},
+    "data": {"rows": 10, "expected_rows": 10},
+    "hidden_states": {"files": 10, "tokens": 520, "bytes": 538160},
+    "train": {"metrics": {"val_loss": 2.86571, "val_loss_finite": True}},
+    "serve": {
+        "acceptance_rate": 0.25,
+        "mean_acceptance_length": 2.25,
+        "completion_tokens": 8,
+        "content": " _boave',-- `Theror`| ünï",
+        "finish_reason": "length",
+        "lossless": True,
+        "lossless_prompts": 3,
+        "num_drafts": 52.0,
+        "num_draft_tokens": 260.0,
+        "num_accepted_tokens": 65.0,
+    },
+}
+INPUTS = {"speculators_install": {"source": "pypi"}, "models": {"source": "synthetic"}}
+LOG_TAIL = ["epoch 1/3", "Traceback (most recent call last):", "RuntimeError: loss is nan"]
+
+
+def stamp(stage: str, ended: str = "2026-11-29T20:10:02Z", duration: float = 71.0) -> dict:
+    return {
+        "stage": stage,
+        "run_id": "77bc5d943cff411e",
+        "fingerprint": "f" * 16,
+        "inputs": INPUTS.get(stage, {}),
+        "reason": "inputs changed: upstream",
+        "host": "localhost",
+        "started": "2026-11-29T20:08:51Z",
+        "ended": ended,
+        "duration_s": duration,
+        "artifacts": {},
+        "metrics": METRICS.get(stage, {}),
+        "specfleet_stamp_version": 1,
+    }
+
+
+def host(group: str, env: Optional[dict] = None, **extra: Any) -> dict[str, Any]:
+    data = {
+        "groups": ["ascend", group],
+        "reachable": True,
+        "wall_time_s": 41.2,
+        "settings": {"profile": "cpu", "num_speculative_tokens": 5},
+        "state": {
+            "stamps": {s: stamp(s) for s in STAGES},
+            "failures": {},
+            "environment": env if env is not None else CPU_ENV,
+            "versions": VERSIONS,
+        },
+        "run": {
+            s: {"status": "ran", "reason": "inputs changed", "duration_s": 12.3} for s in STAGES
+        },
+    }
+    data.update(extra)
+    return data
+
+
+def document(hosts: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    doc = {
+        "report_id": "20261129T210501Z-3f2a",
+        "generated": "2026-11-29T21:05:01Z",
+        "playbook": "site.yml",
+        "check_mode": False,
+        "limit": None,
+        "tags": ["all"],
+        "stages": STAGES,
+        "hosts": hosts,
+    }
+    doc.update(extra)
+    return doc
+
+
+def green_fleet() -> dict[str, Any]:
+    # inserted out of fleet order: the report sorts by group, then name
+    return document(
+        {
+            "a950-node1": host("ascend-950"),
+            "a3-node1": host("atlas-a3"),
+            "a2-node1": host("atlas-a2", env=NPU_ENV),
+        }
+    )
+
+
+def failed_fleet() -> dict[str, Any]:
+    failing = host("ascend-950")
+    failing["run"]["train"] = {
+        "status": "failed",
+        "reason": "inputs changed: epochs",
+        "duration_s": 3.5,
+        "error": "stage train failed on a950-node1: exit code 2\nmore detail",
+        "log_tail": LOG_TAIL,
+        "log": "/srv/specfleet/logs/train.log",
+        "rerun": "bash /srv/specfleet/run/train.sh",
+    }
+    del failing["run"]["serve"]
+    down = host("atlas-a3", reachable=False, state=None, run={}, wall_time_s=None)
+    return document({"a2-node1": host("atlas-a2"), "a3-node1": down, "a950-node1": failing})
+
+
+class Result(NamedTuple):
+    rc: int
+    line: dict[str, Any]  # the JSON line printed on success
+    out: Path
+    err: str
+
+
+def run(
+    tmp_path: Path,
+    doc: Any,
+    junit: Optional[str] = None,
+    capsys: Optional[pytest.CaptureFixture] = None,
+) -> Result:
+    src = tmp_path / "hosts.json"
+    src.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    out = tmp_path / "report"
+    argv = ["--input", str(src), "--out-dir", str(out)]
+    if junit is not None:
+        (tmp_path / "artifacts.xml").write_text(junit)
+        argv += ["--artifact-junit", str(tmp_path / "artifacts.xml")]
+    rc = fleet_report.main(argv)
+    line: dict[str, Any] = {}
+    err = ""
+    if capsys is not None:
+        captured = capsys.readouterr()
+        err = captured.err
+        if rc == 0:
+            assert len(captured.out.strip().splitlines()) == 1
+            line = json.loads(captured.out)
+    return Result(rc, line, out, err)
+
+
+def fleet_json(out: Path) -> dict[str, Any]:
+    return json.loads((out / "fleet.json").read_text())
+
+
+def statuses(report: dict[str, Any], name: str) -> list[str]:
+    entry = next(h for h in report["hosts"] if h["name"] == name)
+    return [entry["stages"][s]["status"] for s in report["stages"]]
+
+
+def test_green_fleet_json(tmp_path, capsys):
+    rc, line, out, _ = run(tmp_path, green_fleet(), capsys=capsys)
+    assert rc == 0
+    assert line == {
+        "green": True,
+        "report_dir": os.path.abspath(out),
+        "hosts": 3,
+        "green_hosts": ["a2-node1", "a3-node1", "a950-node1"],
+        "not_green_hosts": {},
+    }
+    report = fleet_json(out)
+    assert report["schema"] == "specfleet.fleet/1"
+    assert report["green"] is True
+    assert [h["name"] for h in report["hosts"]] == ["a2-node1", "a3-node1", "a950-node1"]
+    assert [h["group"] for h in report["hosts"]] == ["atlas-a2", "atlas-a3", "ascend-950"]
+    assert report["totals"] == {
+        "hosts": 3,
+        "green": 3,
+        "not_green": 0,
+        "unreachable": 0,
+        "by_group": {
+            "atlas-a2": {"hosts": 1, "green": 1},
+            "atlas-a3": {"hosts": 1, "green": 1},
+            "ascend-950": {"hosts": 1, "green": 1},
+        },
+    }
+    a2 = report["hosts"][0]
+    assert statuses(report, "a2-node1") == ["passed"] * len(STAGES)
+    assert a2["stages"]["train"]["detail"] == "ran: inputs changed"
+    assert a2["stages"]["train"]["duration_s"] == 12.3
+    assert a2["failed_stage"] is None and a2["error"] is None and a2["log_tail"] == []
+    assert a2["artifact_tests"] == {"ran": False}
+    assert a2["settings"] == {"profile": "cpu", "num_speculative_tokens": 5}
+
+
+def test_summary_fields(tmp_path):
+    out = run(tmp_path, green_fleet()).out
+    hosts = {h["name"]: h for h in fleet_json(out)["hosts"]}
+    s = hosts["a3-node1"]["summary"]
+    assert s["profile"] == "cpu"
+    assert s["devices"] == "cpu: 2 cores, 24.0 GB RAM (amx_bf16, avx2, avx512_bf16, avx512f)"
+    assert s["versions"] == {
+        "python": "3.11.7",
+        "speculators": "0.9.0",
+        "vllm": "0.32.0+cpu",
+        "vllm-ascend": None,
+        "torch": "2.13.0+cpu",
+        "torch_npu": None,
+        "transformers": "5.19.0",
+    }
+    assert s["sources"] == {"speculators": "pypi", "models": "synthetic"}
+    assert (s["dataset_rows"], s["hidden_state_files"], s["val_loss"]) == (10, 10, 2.86571)
+    assert (s["acceptance_rate"], s["mean_acceptance_length"], s["lossless"]) == (0.25, 2.25, True)
+    assert (s["num_drafts"], s["num_draft_tokens"], s["num_accepted_tokens"]) == (52, 260, 65)
+    assert s["smoke"] == {
+        "content": METRICS["serve"]["content"],
+        "completion_tokens": 8,
+        "finish_reason": "length",
+    }
+    assert hosts["a2-node1"]["summary"]["devices"] == "8 x Ascend910B3, 65536 MB HBM each"
+
+
+def test_missing_metrics_are_null_and_dash(tmp_path):
+    doc = document({"bare": host("atlas-a2")})
+    doc["hosts"]["bare"]["state"].update(environment={}, versions={})
+    for s in doc["hosts"]["bare"]["state"]["stamps"].values():
+        s.pop("metrics")
+        s.pop("inputs")
+    out = run(tmp_path, doc).out
+    s = fleet_json(out)["hosts"][0]["summary"]
+    assert s["devices"] is None and s["val_loss"] is None and s["sources"]["models"] is None
+    assert s["versions"]["vllm"] is None and s["smoke"]["content"] is None
+    md = (out / "fleet.md").read_text()
+    assert "- Val loss: -" in md and "- Smoke completion: -" in md
+
+
+def test_failed_and_unreachable_fleet(tmp_path, capsys):
+    rc, line, out, _ = run(tmp_path, failed_fleet(), capsys=capsys)
+    assert rc == 0  # not green is not an error: the play decides
+    assert line["green"] is False
+    assert line["green_hosts"] == ["a2-node1"]
+    assert line["not_green_hosts"] == {"a3-node1": "unreachable", "a950-node1": "train failed"}
+    report = fleet_json(out)
+    assert statuses(report, "a950-node1") == ["passed"] * 6 + ["failed", "not reached"]
+    assert statuses(report, "a3-node1") == ["unreachable"] * len(STAGES)
+    a950 = next(h for h in report["hosts"] if h["name"] == "a950-node1")
+    assert a950["failed_stage"] == "train"
+    assert a950["error"] == "stage train failed on a950-node1: exit code 2\nmore detail"
+    assert a950["stages"]["train"]["detail"] == "stage train failed on a950-node1: exit code 2"
+    assert a950["stages"]["serve"]["detail"] == "after train failed"
+    assert a950["log_tail"] == LOG_TAIL
+    assert a950["rerun"] == "bash /srv/specfleet/run/train.sh"
+    assert report["totals"]["green"] == 1 and report["totals"]["not_green"] == 2
+    assert report["totals"]["unreachable"] == 1
+    assert report["totals"]["by_group"]["ascend-950"] == {"hosts": 1, "green": 0}
+
+
+def test_failed_fleet_markdown(tmp_path):
+    out = run(tmp_path, failed_fleet()).out
+    md = (out / "fleet.md").read_text()
+    assert md.startswith("# specfleet fleet report 20261129T210501Z-3f2a\n")
+    assert "**NOT GREEN**: 1 of 3 hosts failed (a950-node1: train); 1 unreachable (a3-node1)" in md
+    header = "| Host | Group | " + " | ".join(STAGES) + " | Artifacts | Wall time |"
+    assert header in md
+    row = (
+        "| a950-node1 | ascend-950 | "
+        + "passed 12.3s | " * 6
+        + "FAILED | not reached | - | 41.2s |"
+    )
+    assert row in md
+    assert "| a2-node1 | atlas-a2 | " + "passed 12.3s | " * 8 + "- | 41.2s |" in md
+    assert "| a3-node1 | atlas-a3 | " + "unreachable | " * 8 + "- | - |" in md
+    section = md.split("## a950-node1 (ascend-950)", 1)[1]
+    assert "- **Failed stage:** train" in section
+    assert "`bash /srv/specfleet/run/train.sh`" in section
+    assert "```text\n" + "\n".join(LOG_TAIL) + "\n```" in section
+    # the failure comes before the summary of the host
+    assert section.index("Failed stage") < section.index("- Profile:")
+
+
+def test_markdown_summary_formatting(tmp_path):
+    out = run(tmp_path, green_fleet()).out
+    md = (out / "fleet.md").read_text()
+    assert "**GREEN**: 3 of 3 hosts passed every stage" in md
+    section = md.split("## a2-node1 (atlas-a2)", 1)[1].split("\n## ", 1)[0]
+    assert "- Devices: 8 x Ascend910B3, 65536 MB HBM each" in section
+    assert "- Val loss: 2.866" in section
+    assert "- Acceptance rate: 25.0%" in section
+    assert "- Mean acceptance length: 2.25" in section
+    assert "- Drafts: 52 (260 draft tokens, 65 accepted)" in section
+    # the completion holds backticks, a pipe and non-ASCII: a longer code span keeps it intact
+    assert "- Smoke completion: `` _boave',-- `Theror`| ünï`` (8 tokens, finish reason length)" in (
+        section
+    )
+    assert "- Lossless check: passed" in section
+    assert "- Settings: profile `cpu`, num\\_speculative\\_tokens `5`" not in section
+    assert "- Settings: profile `cpu`, num_speculative_tokens `5`" in section
+
+
+def test_junit_counts(tmp_path):
+    out = run(tmp_path, failed_fleet()).out
+    raw = (out / "junit.xml").read_bytes()
+    assert raw.startswith(b"<?xml version='1.0' encoding='utf-8'?>")
+    root = ET.fromstring(raw)
+    assert root.tag == "testsuites" and root.get("name") == "specfleet"
+    assert (root.get("tests"), root.get("failures"), root.get("errors"), root.get("skipped")) == (
+        "24",
+        "1",
+        "8",
+        "1",
+    )
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    assert list(suites) == ["a2-node1", "a3-node1", "a950-node1"]
+    a950 = suites["a950-node1"]
+    assert a950.get("hostname") == "a950-node1"
+    train = a950.find("testcase[@name='train']")
+    assert train.get("classname") == "specfleet.ascend-950.a950-node1"
+    assert train.get("time") == "3.500"
+    failure = train.find("failure")
+    assert failure.get("message") == "stage train failed on a950-node1: exit code 2"
+    assert "RuntimeError: loss is nan" in failure.text
+    assert a950.find("testcase[@name='serve']/skipped") is not None
+    assert suites["a3-node1"].find("testcase/error").get("message") == "host unreachable"
+    assert len(suites["a2-node1"].findall("testcase")) == len(STAGES)
+    assert suites["a2-node1"].find(".//failure") is None
+
+
+def test_check_mode_would_run(tmp_path, capsys):
+    doc = green_fleet()
+    doc["check_mode"] = True
+    for h in doc["hosts"].values():
+        h["run"] = {s: {"status": "up_to_date", "reason": None, "duration_s": None} for s in STAGES}
+    doc["hosts"]["a3-node1"]["run"]["train"] = {
+        "status": "would_run",
+        "reason": "inputs changed: epochs",
+        "duration_s": None,
+    }
+    doc["hosts"]["a3-node1"]["run"]["serve"] = {"status": "would_run", "reason": "upstream"}
+    rc, line, out, _ = run(tmp_path, doc, capsys=capsys)
+    assert rc == 0 and line["green"] is False
+    assert line["not_green_hosts"] == {"a3-node1": "train would run"}
+    report = fleet_json(out)
+    a3 = next(h for h in report["hosts"] if h["name"] == "a3-node1")
+    assert statuses(report, "a3-node1") == ["passed"] * 6 + ["skipped", "skipped"]
+    assert a3["stages"]["train"]["detail"] == "would run: inputs changed: epochs"
+    assert a3["stages"]["npu_env"]["detail"] == "up to date"
+    assert a3["stages"]["npu_env"]["duration_s"] is None
+    md = (out / "fleet.md").read_text()
+    assert "check mode yes" in md
+    assert "| a3-node1 | atlas-a3 | " + "up to date | " * 6 + "would run | would run |" in md
+    assert "**NOT GREEN**: check mode, 1 of 3 hosts incomplete (a3-node1: train would run)" in md
+
+
+def test_standalone_validate_from_disk_state(tmp_path):
+    """No run entries: the statuses come from the stamps and failure records on disk."""
+    h = host("ascend-950", run={})
+    h["state"]["stamps"]["train"] = stamp("train", ended="2026-11-29T20:00:00Z", duration=30.0)
+    h["state"]["failures"] = {
+        "train": {
+            "stage": "train",
+            "host": "a950-1",
+            "time": "2026-11-29T21:04:00Z",
+            "error": "stage train failed on a950-1: exit code 2",
+            "log_tail": LOG_TAIL,
+            "log": "/srv/specfleet/logs/train.log",
+            "rerun": "bash /srv/specfleet/run/train.sh",
+            "task": "Fail with the log tail: train",
+        },
+        # older than its stamp: that stage succeeded since
+        "data": {"stage": "data", "time": "2026-11-28T10:00:00Z", "error": "old"},
+    }
+    out = run(tmp_path, document({"a950-1": h}, playbook="validate.yml")).out
+    report = fleet_json(out)
+    assert statuses(report, "a950-1") == ["passed"] * 6 + ["failed", "not reached"]
+    entry = report["hosts"][0]
+    assert entry["stages"]["data"]["detail"] == "earlier run, ended 2026-11-29T20:10:02Z"
+    assert entry["stages"]["data"]["duration_s"] == 71.0
+    assert entry["stages"]["train"]["detail"] == "failed in an earlier run at 2026-11-29T21:04:00Z"
+    assert entry["failed_stage"] == "train" and entry["log_tail"] == LOG_TAIL
+    assert entry["rerun"] == "bash /srv/specfleet/run/train.sh"
+    assert report["green"] is False
+
+
+@pytest.mark.parametrize(
+    ("failed_at", "ended", "newer"),
+    [
+        ("2026-11-29T21:04:00Z", "2026-11-29T20:00:00Z", True),
+        ("2026-11-29T19:00:00Z", "2026-11-29T20:00:00Z", False),
+        ("2026-11-29T21:00:00+01:00", "2026-11-29T20:30:00Z", False),  # 20:00 UTC
+        (None, "2026-11-29T20:00:00Z", False),  # undated failure: the stamp wins
+        ("2026-11-29T21:04:00Z", None, True),  # stamp without an end: the dated failure wins
+    ],
+)
+def test_failure_record_against_stamp(failed_at, ended, newer):
+    failure = {"stage": "train", "time": failed_at, "error": "boom"}
+    assert fleet_report._failure_is_newer(failure, {"stage": "train", "ended": ended}) is newer
+    assert fleet_report._failure_is_newer(failure, None) is True  # no stamp at all
+
+
+def test_disk_state_missing_stamps(tmp_path):
+    """Without stamp or failure the first missing stage is skipped, the rest not reached."""
+    h = host("atlas-a2", run={})
+    for s in ("hidden_states", "train", "serve"):
+        del h["state"]["stamps"][s]
+    none_collected = host("atlas-a3", run={}, state=None)
+    out = run(tmp_path, document({"a2": h, "a3": none_collected})).out
+    report = fleet_json(out)
+    assert statuses(report, "a2") == ["passed"] * 5 + ["skipped", "not reached", "not reached"]
+    assert statuses(report, "a3") == ["skipped"] + ["not reached"] * 7
+    a2 = report["hosts"][0]
+    assert a2["stages"]["train"]["detail"] == "not run; hidden_states is skipped"
+
+
+def junit_case(module: str, name: str, time: str = "0", body: str = "") -> str:
+    head = f'<testcase classname="tests.artifacts.{module}" name="{name}" time="{time}"'
+    return f"{head}>{body}</testcase>" if body else f"{head}/>"
+
+
+# shaped like pytest's junit XML for the testinfra suite run with --hosts='ansible://all'
+JUNIT = "\n".join(
+    [
+        '<?xml version="1.0" encoding="utf-8"?>',
+        '<testsuites><testsuite name="pytest" errors="1" failures="1" skipped="1" tests="8">',
+        junit_case("test_pipeline", "test_models_verified[ansible://a2-node1]", "0.5"),
+        junit_case("test_pipeline", "test_serve_result[ansible://a2-node1]", "0.25"),
+        junit_case("test_pipeline", "test_models_verified[ansible://a3-node1]", "0.5"),
+        junit_case(
+            "test_pipeline",
+            "test_serve_result[ansible://a3-node1]",
+            "1.0",
+            "<failure message=\"AssertionError: finish_reason is 'stop'\">"
+            "assert 'stop' == 'length'</failure>",
+        ),
+        junit_case(
+            "test_npu_env",
+            "test_profile_facts[ansible://a3-node1]",
+            "0.1",
+            '<error message="error at setup of test_profile_facts">fixture failed</error>',
+        ),
+        junit_case(
+            "test_rerun",
+            "test_changed_epochs[ansible://a3-node1]",
+            "0",
+            '<skipped message="not a rerun">skip</skipped>',
+        ),
+        junit_case("test_pipeline", "test_x[ansible://elsewhere]"),  # not in the report
+        junit_case("test_misc", "test_unparametrized"),  # no host
+        "</testsuite></testsuites>",
+    ]
+)
+
+
+def test_artifact_junit_mapped_to_hosts(tmp_path, capsys):
+    rc, line, out, _ = run(tmp_path, green_fleet(), junit=JUNIT, capsys=capsys)
+    assert rc == 0
+    # a host without artifact testcases is still green: no artifact test of it failed
+    assert line["green_hosts"] == ["a2-node1", "a950-node1"]
+    assert line["not_green_hosts"] == {"a3-node1": "2 artifact tests failed"}
+    hosts = {h["name"]: h for h in fleet_json(out)["hosts"]}
+    assert hosts["a2-node1"]["artifact_tests"] == {
+        "ran": True,
+        "passed": 2,
+        "failed": 0,
+        "skipped": 0,
+        "failures": [],
+    }
+    a3 = hosts["a3-node1"]["artifact_tests"]
+    assert (a3["passed"], a3["failed"], a3["skipped"]) == (1, 2, 1)
+    assert a3["failures"] == [
+        {"test": "test_serve_result", "message": "AssertionError: finish_reason is 'stop'"},
+        {"test": "test_profile_facts", "message": "error at setup of test_profile_facts"},
+    ]
+    assert hosts["a950-node1"]["artifact_tests"] == {"ran": False}
+    assert hosts["a3-node1"]["green"] is False
+    md = (out / "fleet.md").read_text()
+    assert "| 2/2 | 41.2s |" in md and "| 2 failed | 41.2s |" in md
+    assert "**NOT GREEN**: 1 of 3 hosts failed (a3-node1: 2 artifact tests)" in md
+    assert "- `test_serve_result`: AssertionError: finish\\_reason is 'stop'" not in md
+    assert "- `test_serve_result`: AssertionError: finish_reason is 'stop'" in md
+    root = ET.parse(out / "junit.xml").getroot()
+    cases = root.findall(".//testsuite[@name='a3-node1']/testcase")
+    artifacts = [c for c in cases if c.get("classname") == "specfleet.atlas-a3.a3-node1.artifacts"]
+    assert [c.get("name") for c in artifacts] == [
+        "test_models_verified[ansible://a3-node1]",
+        "test_serve_result[ansible://a3-node1]",
+        "test_profile_facts[ansible://a3-node1]",
+        "test_changed_epochs[ansible://a3-node1]",
+    ]
+    assert root.get("tests") == str(3 * len(STAGES) + 6)
+    assert (root.get("failures"), root.get("skipped"), root.get("errors")) == ("2", "1", "0")
+
+
+def test_malformed_input_exits_2_naming_the_file(tmp_path, capsys):
+    result = run(tmp_path, "{not json", capsys=capsys)
+    assert result.rc == 2
+    assert "hosts.json" in result.err and "not JSON" in result.err
+    assert not result.out.exists()
+
+    missing = green_fleet()
+    del missing["hosts"]
+    result = run(tmp_path, missing, capsys=capsys)
+    assert result.rc == 2
+    assert "hosts.json" in result.err and "missing top-level key 'hosts'" in result.err
+
+    wrong = green_fleet()
+    wrong["hosts"]["a2-node1"]["run"]["train"]["status"] = "done"
+    result = run(tmp_path, wrong, capsys=capsys)
+    assert result.rc == 2
+    assert 'hosts["a2-node1"].run.train.status: expected one of ran, up_to_date' in result.err
+
+    wrong = green_fleet()
+    wrong["hosts"]["a3-node1"]["reachable"] = "yes"
+    result = run(tmp_path, wrong, capsys=capsys)
+    assert result.rc == 2
+    assert 'hosts["a3-node1"].reachable: expected true or false, got a string' in result.err
+
+    wrong = green_fleet()
+    wrong["hosts"]["a3-node1"]["state"]["failures"] = {"train": {"log_tail": "one string"}}
+    result = run(tmp_path, wrong, capsys=capsys)
+    assert result.rc == 2
+    assert "state.failures.train.log_tail: expected a list of strings" in result.err
+    assert not result.out.exists()  # nothing written for a malformed input
+
+
+def test_malformed_artifact_junit_exits_2(tmp_path, capsys):
+    result = run(tmp_path, green_fleet(), junit="<html><body>oops", capsys=capsys)
+    assert result.rc == 2
+    assert "artifacts.xml" in result.err and "pytest junit XML" in result.err
+
+
+def test_atomic_writes_leave_no_temp_files(tmp_path):
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "fleet.json").write_text("stale")
+    run(tmp_path, failed_fleet())
+    assert sorted(p.name for p in out.iterdir()) == ["fleet.json", "fleet.md", "junit.xml"]
+    assert fleet_json(out)["schema"] == "specfleet.fleet/1"
+
+    def interrupted(path: Path) -> None:
+        path.write_text('{"schema": "specf')
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        fleet_report._write_atomic(out / "fleet.json", interrupted)
+    assert sorted(p.name for p in out.iterdir()) == ["fleet.json", "fleet.md", "junit.xml"]
+    assert fleet_json(out)["schema"] == "specfleet.fleet/1"  # the complete file is untouched
+
+
+def test_hostile_text_stays_well_formed(tmp_path):
+    doc = failed_fleet()
+    train = doc["hosts"]["a950-node1"]["run"]["train"]
+    train["error"] = "boom | pipe <tag> & \x1b[31mred\x1b[0m \x00nul"
+    train["log_tail"] = ["```", "line with ``` fence", "\x1b[1mbold\x1b[0m ok"]
+    out = run(tmp_path, doc).out
+    failure = ET.parse(out / "junit.xml").getroot().find(".//testcase[@name='train']/failure")
+    assert failure.get("message") == "boom | pipe <tag> & red nul"
+    md = (out / "fleet.md").read_text()
+    assert "````text\n```\nline with ``` fence\nbold ok\n````" in md
+    assert "\x1b" not in md
+    assert fleet_json(out)["hosts"][2]["error"] == train["error"]  # JSON keeps it verbatim
+
+
+def test_empty_fleet_is_not_green(tmp_path, capsys):
+    rc, line, out, _ = run(tmp_path, document({}), capsys=capsys)
+    assert rc == 0 and line["green"] is False and line["hosts"] == 0
+    assert "**NOT GREEN**: the report has no hosts" in (out / "fleet.md").read_text()
+
+
+def test_cli_help_and_module_entry(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(HELPERS)}
+    cmd = [sys.executable, "-m", "specfleet_helpers.fleet_report"]
+    helped = subprocess.run([*cmd, "--help"], capture_output=True, text=True, env=env, timeout=60)
+    assert helped.returncode == 0 and "--artifact-junit" in helped.stdout
+    src = tmp_path / "hosts.json"
+    src.write_text(json.dumps(copy.deepcopy(green_fleet())))
+    done = subprocess.run(
+        [*cmd, "--input", str(src), "--out-dir", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["green"] is True
