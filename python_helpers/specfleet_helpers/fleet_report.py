@@ -510,7 +510,11 @@ def host_summary(host: dict[str, Any]) -> dict[str, Any]:
             "speculators": _get(stamps.get("speculators_install"), "inputs", "source"),
             "models": _get(stamps.get("models"), "inputs", "source"),
         },
-        "wheelhouse": {"wheels": wheelhouse.get("wheels"), "bytes": wheelhouse.get("bytes")}
+        "wheelhouse": {
+            "wheels": wheelhouse.get("wheels"),
+            "bytes": wheelhouse.get("bytes"),
+            "pushed_bytes": wheelhouse.get("pushed_bytes"),
+        }
         if isinstance(wheelhouse, dict)
         else None,
         "model_bytes": {
@@ -610,7 +614,41 @@ def build_report(
             "unreachable": sum(not h["reachable"] for h in hosts),
             "by_group": by_group,
         },
+        "controller_sources": controller_sources(hosts),
         "hosts": hosts,
+    }
+
+
+def controller_sources(hosts: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the controller fetched once and pushed to the hosts (from their stamps): the
+    wheelhouse (speculators_install_source=wheelhouse) and the models (models_source=controller)."""
+    wheel_sets: dict[tuple[Any, Any], None] = {}
+    wheels_pushed, wheel_hosts = 0, []
+    models_bytes: dict[Any, None] = {}
+    models_pushed, model_hosts = 0, []
+    for h in hosts:
+        s = h["summary"]
+        wh = s.get("wheelhouse")
+        if s["sources"].get("speculators") == "wheelhouse" and wh:
+            wheel_sets[(wh.get("wheels"), wh.get("bytes"))] = None
+            wheel_hosts.append(h["name"])
+            wheels_pushed += wh.get("pushed_bytes") or 0
+        if s["sources"].get("models") == "controller":
+            size = sum(b for b in s["model_bytes"].values() if _is_number(b))
+            models_bytes[size] = None
+            model_hosts.append(h["name"])
+            models_pushed += size
+    return {
+        "wheelhouse": {
+            "hosts": wheel_hosts,
+            "fetched_bytes": sum(b or 0 for _, b in wheel_sets) if wheel_hosts else None,
+            "pushed_bytes": wheels_pushed if wheel_hosts else None,
+        },
+        "models": {
+            "hosts": model_hosts,
+            "fetched_bytes": sum(models_bytes) if model_hosts else None,
+            "pushed_bytes": models_pushed if model_hosts else None,
+        },
     }
 
 
@@ -764,6 +802,18 @@ def render_markdown(report: dict[str, Any]) -> str:
             fmt_seconds(h["wall_time_s"]),
         ]
         out.append("| " + " | ".join(cells) + " |")
+    sources = report.get("controller_sources") or {}
+    lines = []
+    for kind, label in (("wheelhouse", "Wheelhouse"), ("models", "Models")):
+        src = sources.get(kind) or {}
+        if src.get("hosts"):
+            lines.append(
+                f"- {label}: {fmt_bytes(src['fetched_bytes'])} fetched once on the controller; "
+                f"{fmt_bytes(src['pushed_bytes'])} pushed to {len(src['hosts'])} host(s) "
+                f"({md_text(', '.join(src['hosts']))}), when their stage last ran"
+            )
+    if lines:
+        out += ["", "Controller sources:", "", *lines]
     for h in report["hosts"]:
         out += ["", *host_section(h, stages)]
     return "\n".join(out) + "\n"

@@ -640,3 +640,23 @@ def test_cli_help_and_module_entry(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["green"] is True
+
+
+def test_controller_sources_fetched_once_pushed_to_each(tmp_path):
+    doc = green_fleet()
+    for h in doc["hosts"].values():
+        stamps = h["state"]["stamps"]
+        stamps["speculators_install"]["inputs"] = {"source": "wheelhouse"}
+        stamps["speculators_install"]["metrics"] = {
+            "speculators_version": "0.9.0",
+            "wheelhouse": {"wheels": 161, "bytes": 1000, "pushed_bytes": 1000},
+        }
+        stamps["models"]["inputs"] = {"source": "controller"}
+    result = run(tmp_path, doc)
+    sources = fleet_json(result.out)["controller_sources"]
+    assert sources["wheelhouse"]["fetched_bytes"] == 1000
+    assert sources["wheelhouse"]["pushed_bytes"] == 3000
+    assert len(sources["wheelhouse"]["hosts"]) == 3
+    assert sources["models"]["pushed_bytes"] == 3 * sources["models"]["fetched_bytes"]
+    md = (result.out / "fleet.md").read_text()
+    assert "fetched once on the controller" in md and "pushed to 3 host(s)" in md
