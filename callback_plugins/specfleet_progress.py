@@ -9,6 +9,7 @@ carries the stage's state as JSON. This callback prints it as one line per host:
 from __future__ import annotations
 
 import json
+import os
 
 from ansible.plugins.callback import CallbackBase
 
@@ -21,6 +22,14 @@ description:
 requirements:
   - enable in ansible.cfg (callbacks_enabled)
 """
+
+# The host lock (specfleet_helpers.host_lock) records the controller process that holds it,
+# so a later run on the same controller can tell a dead run's lock from a live one. This
+# module is loaded in the main ansible-playbook process before any worker forks; workers
+# inherit the environment, and `lookup('env', 'SPECFLEET_CONTROLLER_PID')` reads it there.
+# setdefault: an ansible-playbook started from inside another keeps the outer pid, which
+# outlives it, so its lock can only look alive too long, never dead too early.
+os.environ.setdefault("SPECFLEET_CONTROLLER_PID", str(os.getpid()))
 
 
 def _elapsed(seconds: float) -> str:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from . import host_lock
 from .procs import (
     DEFAULT_GRACE_S,
     group_alive,
@@ -282,12 +283,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.add_argument(
                 "--tail", type=int, default=40, help="log lines to include once finished"
             )
+            p.add_argument(
+                "--lock", type=Path, help="host lock to keep fresh while the stage runs (host_lock)"
+            )
+            p.add_argument("--lock-token", help="this run's token for --lock")
     args = parser.parse_args(argv)
     if args.command == "start":
         if not args.script.is_file():
             parser.error(f"--script {args.script} does not exist")
         result = start(args.script, args.log, args.run_dir, args.name, args.timeout)
     elif args.command == "status":
+        if args.lock and args.lock_token:
+            # Each poll is the run's heartbeat: a lock whose run stopped polling goes stale.
+            held = host_lock.heartbeat(args.lock, args.lock_token)
+            if not held["held"]:
+                print(held.get("message", f"host lock {args.lock} lost"), file=sys.stderr)
         result = status(args.log, args.run_dir, args.name, args.tail)
     else:
         result = stop(args.run_dir, args.name)

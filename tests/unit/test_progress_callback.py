@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,23 @@ import pytest
 pytest.importorskip("ansible")
 
 PLUGIN = Path(__file__).resolve().parents[2] / "callback_plugins" / "specfleet_progress.py"
+CONTROLLER_PID = "SPECFLEET_CONTROLLER_PID"
 
 
 def _load_plugin():
+    """Load the plugin as Ansible does; its SPECFLEET_CONTROLLER_PID is not left behind, so
+    ansible-playbook runs started later by this test process record their own pid."""
+    before = os.environ.get(CONTROLLER_PID)
+    try:
+        return _exec_plugin()
+    finally:
+        if before is None:
+            os.environ.pop(CONTROLLER_PID, None)
+        else:
+            os.environ[CONTROLLER_PID] = before
+
+
+def _exec_plugin():
     spec = importlib.util.spec_from_file_location("specfleet_progress", PLUGIN)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -25,6 +40,22 @@ def _load_plugin():
 
 
 progress_line = _load_plugin().progress_line
+
+
+def test_loading_the_plugin_records_the_controller_pid(monkeypatch):
+    monkeypatch.setenv(CONTROLLER_PID, "placeholder")  # restored after the test
+    monkeypatch.delenv(CONTROLLER_PID)
+    module = _exec_plugin()
+    assert os.environ[CONTROLLER_PID] == str(os.getpid())
+    module.CallbackModule()  # instantiating it changes nothing
+    assert os.environ[CONTROLLER_PID] == str(os.getpid())
+
+
+def test_an_inherited_controller_pid_is_kept(monkeypatch):
+    """An ansible-playbook started from inside another keeps the outer (longer-lived) pid."""
+    monkeypatch.setenv(CONTROLLER_PID, "4242")
+    _exec_plugin()
+    assert os.environ[CONTROLLER_PID] == "4242"
 
 
 def running(**fields) -> str:
