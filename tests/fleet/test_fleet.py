@@ -166,7 +166,8 @@ def test_models_and_wheels_came_from_the_controller(host):
     assert install["inputs"]["source"] == "wheelhouse", install["inputs"]
     wheelhouse = install["metrics"]["wheelhouse"]
     assert wheelhouse["wheels"] > 100 and wheelhouse["bytes"] > 500_000_000, wheelhouse
-    assert wheelhouse["pushed_bytes"] == wheelhouse["bytes"]  # the first (only) push was whole
+    # pushed once, as one tar of the whole set
+    assert wheelhouse["pushed_bytes"] >= wheelhouse["bytes"], wheelhouse
 
 
 @pytest.mark.parametrize("stage", STAGES[1:])

@@ -1,0 +1,333 @@
+"""Bad input fails before any host work, with the variable named and what was expected.
+
+Each case is one real `ansible-playbook site.yml -i inventory/local.yml` (CPU profile, this
+machine) with one bad setting and a fresh work root under tmp_path. The run must fail in the
+provision play's first pre_task, in the settings check of the role the setting belongs to
+(roles/<role>/tasks/settings.yml); its error must name the variable, the value given and what
+was expected; and the work root must not exist afterwards, which proves no host work happened
+(the work root is the first thing a run creates).
+
+  wrong type             train_epochs=abc
+  out of range           train_epochs=0
+  vllm-ascend's limit    serve_num_speculative_tokens=16 with specfleet_accelerator=npu
+  unknown sources        models_source, speculators_install_source
+  layer ids              hidden_states_target_layer_ids / train_target_layer_ids with an id
+                         >= the synthetic verifier's layer count (known before any model exists)
+  draft hidden size      a synthetic draft whose hidden_size differs from the verifier's
+  port                   specfleet_serve_port=70000
+  memory share           serve_gpu_memory_utilization=1.5
+
+and one good run: --check with good settings on a fresh root passes every role's settings
+check (the stages are planned as "would run") and creates nothing.
+
+A malformed data row and the hidden-size mismatch of real (downloaded) models are checked at
+run time by the helpers; tests/unit/test_chat_data.py and test_convert.py cover those.
+
+The runs take ~10-20 s each on 2 cores (the --check run ~30-70 s); they are started together,
+three at a time, when the first test of this module needs them. Run explicitly:
+    .venv/bin/python -m pytest -q tests/integration/test_bad_input.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
+SITE = REPO / "site.yml"
+INVENTORY = REPO / "inventory" / "local.yml"
+HOST = "localhost"
+STAGE_ROLES = (
+    "npu_env",
+    "speculators_install",
+    "models",
+    "convert",
+    "data",
+    "hidden_states",
+    "train",
+    "serve",
+)
+# A bad-input run stops after a few seconds; this only stops a hung one.
+RUN_TIMEOUT_S = 600
+PARALLEL_RUNS = 3
+CHECK_TEST = "test_check_mode_with_good_settings_creates_nothing"
+
+# The synthetic models the CPU profile builds (models_source auto -> synthetic on cpu).
+MODELS_DEFAULTS = yaml.safe_load((REPO / "roles" / "models" / "defaults" / "main.yml").read_text())
+VERIFIER = MODELS_DEFAULTS["models_synthetic_verifier"]
+DRAFT = MODELS_DEFAULTS["models_synthetic_draft"]
+LAYERS = int(VERIFIER["num_layers"])
+BAD_LAYER_IDS = [1, 2, LAYERS + 3]
+BAD_DRAFT_HIDDEN = int(VERIFIER["hidden_size"]) // 2
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    extravars: tuple[str, ...]  # -e arguments, as a user types them
+    role: str  # the role whose settings.yml must stop the run
+    expect: tuple[str, ...]  # in the error: the variable, the value given, what was expected
+
+
+def as_json(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(", ", ": "))
+
+
+CASES = (
+    Case(
+        "wrong-type",
+        ("train_epochs=abc",),
+        "train",
+        ("'train_epochs'", "'abc'", "convert to int", "Expected train_epochs: int"),
+    ),
+    Case(
+        "epochs-0",
+        ("train_epochs=0",),
+        "train",
+        ("train_epochs is 0", "expected >= 1"),
+    ),
+    Case(
+        "speculative-tokens-over-the-npu-limit",
+        ("specfleet_accelerator=npu", "serve_num_speculative_tokens=16"),
+        "serve",
+        ("serve_num_speculative_tokens", "is 16", "expected 1..14", "+ 1 <= 15"),
+    ),
+    Case(
+        "unknown-models-source",
+        ("models_source=huggingface",),
+        "models",
+        (
+            "models_source must be one of: auto, modelscope, local, controller, synthetic",
+            "got: huggingface",
+        ),
+    ),
+    Case(
+        "unknown-speculators-source",
+        ("speculators_install_source=conda",),
+        "speculators_install",
+        (
+            "speculators_install_source must be one of: auto, git, pypi, wheelhouse",
+            "got: conda",
+        ),
+    ),
+    Case(
+        "hidden-states-layer-beyond-the-verifier",
+        (as_json({"hidden_states_target_layer_ids": BAD_LAYER_IDS}),),
+        "hidden_states",
+        (
+            f"hidden_states_target_layer_ids is {BAD_LAYER_IDS}",
+            f"verifier's {LAYERS} layers",
+            "models_synthetic_verifier",
+            f"expected each in 0..{LAYERS - 1}",
+        ),
+    ),
+    Case(
+        "train-layer-beyond-the-verifier",
+        (as_json({"train_target_layer_ids": BAD_LAYER_IDS}),),
+        "train",
+        (
+            f"train_target_layer_ids is {BAD_LAYER_IDS}",
+            f"verifier's {LAYERS} layers",
+            f"expected each in 0..{LAYERS - 1}",
+        ),
+    ),
+    Case(
+        "synthetic-draft-hidden-size-not-the-verifiers",
+        (as_json({"models_synthetic_draft": {**DRAFT, "hidden_size": BAD_DRAFT_HIDDEN}}),),
+        "convert",
+        (
+            f"hidden_size is {BAD_DRAFT_HIDDEN} (models_synthetic_draft)",
+            f"verifier's is {VERIFIER['hidden_size']} (models_synthetic_verifier)",
+            "expected the same hidden_size",
+        ),
+    ),
+    Case(
+        "port-out-of-range",
+        ("specfleet_serve_port=70000",),
+        "npu_env",
+        ("specfleet_serve_port", "70000 out of range", "expected ports in 1..65535"),
+    ),
+    Case(
+        "gpu-memory-utilization-above-1",
+        ("serve_gpu_memory_utilization=1.5",),
+        "serve",
+        ("serve_gpu_memory_utilization", "is 1.5", "expected a share in (0, 1]"),
+    ),
+)
+
+
+@dataclass
+class Run:
+    label: str
+    argv: list[str]
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float
+    root: Path
+
+    def tail(self, lines: int = 60) -> str:
+        out = "\n".join(self.stdout.splitlines()[-lines:])
+        err = "\n".join(self.stderr.splitlines()[-20:])
+        return f"$ {' '.join(self.argv)}\n--- stdout (tail)\n{out}\n--- stderr (tail)\n{err}"
+
+    def failed_task(self) -> str:
+        """The `TASK [role : name]` header of the first task that failed on HOST."""
+        header = ""
+        for line in self.stdout.splitlines():
+            if line.startswith("TASK ["):
+                header = line.rstrip("* ").strip()
+            elif line.startswith(f"fatal: [{HOST}]"):
+                return header
+        return ""
+
+    def error(self) -> str:
+        """The failed task's message: ansible-core prints it on one `[ERROR]:` line (on stdout
+        or stderr); other output formats fall back to the whole output, line folding undone."""
+        output = f"{self.stdout}\n{self.stderr}"
+        found = re.findall(r"^\[ERROR\]: Task failed: (?:Action failed: )?(.*)$", output, re.M)
+        if found:
+            return "\n".join(found)
+        return re.sub(r"\s+", " ", self.stdout.replace("''", "'"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def play(tmp: Path, label: str, extravars: tuple[str, ...], *options: str) -> Run:
+    work = tmp / label
+    work.mkdir(parents=True)
+    root = work / "root"
+    argv = [str(ANSIBLE_PLAYBOOK), str(SITE), "-i", str(INVENTORY), *options]
+    for value in (
+        f"specfleet_root={root}",
+        f"specfleet_reports_dir={work / 'reports'}",
+        *extravars,
+    ):
+        argv += ["-e", value]
+    env = {
+        **os.environ,
+        "PATH": f"{ANSIBLE_PLAYBOOK.parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_RETRY_FILES_ENABLED": "0",
+    }
+    env.pop("ANSIBLE_FORCE_COLOR", None)
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            argv,
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc = -1
+        stdout, stderr = (
+            out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+            for out in (exc.stdout, exc.stderr)
+        )
+    return Run(label, argv, rc, stdout, stderr, time.monotonic() - started, root)
+
+
+def good_run(tmp: Path) -> Run:
+    """--check with good settings. Free ports and low disk/RAM floors: what this machine is
+    busy with at the moment must not fail the run's host checks."""
+    extravars = (
+        f"specfleet_hidden_states_port={free_port()}",
+        f"specfleet_serve_port={free_port()}",
+        as_json(
+            {
+                "specfleet_disk_required_gb": {"npu": 1, "cpu": 1},
+                "specfleet_ram_required_gb": {"npu": 1, "cpu": 1},
+            }
+        ),
+    )
+    return play(tmp, "check-good-settings", extravars, "--check")
+
+
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Future[Run]]]:
+    """Every run this session's selected tests need, started together (a few at a time)."""
+    if not os.access(ANSIBLE_PLAYBOOK, os.X_OK):
+        pytest.skip(f"no controller venv: {ANSIBLE_PLAYBOOK} (make setup)")
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    tmp = tmp_path_factory.mktemp("bad_input")
+    futures: dict[str, Future[Run]] = {}
+    with ThreadPoolExecutor(max_workers=PARALLEL_RUNS) as pool:
+        # The longest first.
+        if CHECK_TEST in selected:
+            futures[CHECK_TEST] = pool.submit(good_run, tmp)
+        for case in CASES:
+            if f"test_bad_input_stops_the_run_before_host_work[{case.id}]" in selected:
+                futures[case.id] = pool.submit(play, tmp, case.id, case.extravars)
+        yield futures
+    print("\nansible-playbook runs (wall time, several at once):")
+    for label, future in futures.items():
+        if future.done() and not future.exception():
+            run = future.result()
+            print(f"  {run.seconds:6.1f}s  rc={run.rc}  {label}")
+
+
+def result(runs: dict[str, Future[Run]], key: str) -> Run:
+    run = runs[key].result()
+    assert run.rc != -1, f"[{run.label}] timed out after {RUN_TIMEOUT_S}s\n{run.tail()}"
+    return run
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+def test_bad_input_stops_the_run_before_host_work(runs: dict[str, Future[Run]], case: Case) -> None:
+    run = result(runs, case.id)
+    assert run.rc != 0, f"[{case.id}] the run succeeded\n{run.tail()}"
+    assert not run.root.exists(), (
+        f"[{case.id}] the work root {run.root} was created: host work happened before the "
+        f"bad setting was reported\n{run.tail()}"
+    )
+    assert "TASK [stage : Create the work root layout]" not in run.stdout, run.tail()
+    task = run.failed_task()
+    assert task.startswith(f"TASK [{case.role} : "), (
+        f"[{case.id}] expected {case.role}'s settings check to stop the run; "
+        f"the failed task is {task!r}\n{run.tail()}"
+    )
+    assert f"roles/{case.role}/tasks/settings.yml" in run.stdout + run.stderr, run.tail()
+    error = run.error()
+    missing = [text for text in case.expect if text not in error]
+    assert not missing, f"[{case.id}] the error lacks {missing}:\n{error}\n\n{run.tail()}"
+
+
+def test_check_mode_with_good_settings_creates_nothing(runs: dict[str, Future[Run]]) -> None:
+    run = result(runs, CHECK_TEST)
+    assert run.rc == 0, f"--check with good settings failed\n{run.tail()}"
+    for role in STAGE_ROLES:
+        for header in (
+            f"TASK [{role} : Check the {role} settings' types and choices",
+            f"TASK [{role} : Check the {role} settings: ",
+        ):
+            assert header in run.stdout, f"{role}'s settings were not checked\n{run.tail()}"
+    recap = re.search(rf"^{HOST}\s+:.*\bfailed=(\d+)", run.stdout, re.M)
+    assert recap and recap.group(1) == "0", run.tail()
+    assert not run.root.exists(), f"--check created the work root {run.root}\n{run.tail()}"
