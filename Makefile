@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup run check lint unit integration molecule test clean
+.PHONY: setup run check lint unit integration molecule molecule-local test-hosts-deps test clean
 
 setup:  ## controller venv (ansible-core, molecule, testinfra, linters) + collections
 	@scripts/setup-controller
@@ -28,8 +28,14 @@ unit: setup
 integration: setup  ## real Ansible runs: mock-NPU npu_env, git and wheelhouse sources
 	$(BIN)/python -m pytest tests/integration
 
-molecule: setup  ## the whole CPU pipeline on this machine: converge, idempotence, testinfra
-	$(BIN)/molecule test --all
+molecule: setup test-hosts-deps  ## three real hosts (atlas-a2, atlas-a3, ascend-950): converge, idempotence, a host broken on purpose, verify
+	$(BIN)/molecule test -s fleet
+
+molecule-local: setup  ## the whole CPU pipeline on localhost: converge, idempotence, train_epochs changed, verify
+	$(BIN)/molecule test -s default
+
+test-hosts-deps:  ## what scripts/test-hosts needs (root): sshd, ip, unshare
+	@scripts/test-hosts deps
 
 test: lint unit integration molecule  ## everything CI runs
 

@@ -508,9 +508,11 @@ def test_3_wheelhouse_source_installs_from_pushed_wheels(
     assert play.changed > 0
 
     # Downloaded once on the controller, into one directory named after the requirement set.
+    # Pushed as one tar of the set, next to it.
     cache = work.tmp / "controller-cache"
-    sets = sorted(p for p in cache.iterdir())
-    assert len(sets) == 1 and sets[0].is_dir(), f"expected one wheel set in {cache}: {sets}"
+    sets = sorted(p for p in cache.iterdir() if p.is_dir())
+    assert len(sets) == 1, f"expected one wheel set in {cache}: {sorted(cache.iterdir())}"
+    assert sets[0].with_name(sets[0].name + ".tar").is_file(), sorted(cache.iterdir())
     downloaded = files_of(sets[0])
     wheels = [name for name in downloaded if name.endswith(".whl")]
     others = sorted(set(downloaded) - set(wheels))
