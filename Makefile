@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup run check lint unit integration molecule molecule-local test-hosts-deps test clean
+.PHONY: setup run check lint unit integration test-reliability molecule molecule-local test-hosts-deps test clean
 
 setup:  ## controller venv (ansible-core, molecule, testinfra, linters) + collections
 	@scripts/setup-controller
@@ -27,6 +27,9 @@ unit: setup
 
 integration: setup  ## real Ansible runs: mock-NPU npu_env, git and wheelhouse sources
 	$(BIN)/python -m pytest tests/integration
+
+test-reliability: setup  ## slow: runs killed (SIGINT/SIGKILL), vLLM dying, corrupted artifacts, ports, disk, host lock, secrets, paths with spaces
+	SPECFLEET_SLOW_TESTS=1 $(BIN)/python -m pytest -s tests/integration/test_interruptions.py tests/integration/test_failures.py
 
 molecule: setup test-hosts-deps  ## three real hosts (atlas-a2, atlas-a3, ascend-950): converge, idempotence, a host broken on purpose, verify
 	$(BIN)/molecule test -s fleet

@@ -17,6 +17,10 @@ with these additions:
 * The verifier is recorded in the converted config (``speculators_config.verifier.
   name_or_path``) as an absolute path, so the checkpoint does not depend on the working
   directory it was converted from.
+* The sha256 of every file of the verified output is recorded in OUT/.specfleet-checksums.json,
+  so ``verify`` also notices an edit that still looks like a plausible conversion (say a
+  changed ``block_size``), a file removed or a file added. An output without that record
+  (converted before specfleet kept one) is checked for consistency only.
 
 ``verify`` checks an existing output, so a stage can decide whether a previous conversion is
 still valid. Where speculators 0.9.0 writes things in the converted config.json: the fields
@@ -56,9 +60,11 @@ from specfleet_helpers.model_check import (
     config_value,
     load_json_object,
     read_safetensors_header,
+    sha256_file,
 )
 
 MODEL_TYPE = "dflash"
+CHECKSUMS = ".specfleet-checksums.json"
 
 
 class ConvertInputError(Exception):
@@ -139,6 +145,43 @@ def speculative_tokens(config: dict[str, Any]) -> Optional[int]:
         if isinstance(method, dict) and _is_int(method.get("speculative_tokens")):
             return int(method["speculative_tokens"])
     return None
+
+
+def record_checksums(out: Path) -> dict[str, str]:
+    """Write OUT/CHECKSUMS: {"files": {name: sha256}} of every file of a verified output."""
+    files = {
+        p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.is_file() and p.name != CHECKSUMS
+    }
+    tmp = out / f".{CHECKSUMS}.tmp"
+    tmp.write_text(json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, out / CHECKSUMS)
+    return files
+
+
+def check_checksums(out: Path) -> bool:
+    """Compare OUT with its recorded checksums: ConvertError on any difference, False when
+    there is no record (an output converted before specfleet kept one)."""
+    record_path = out / CHECKSUMS
+    if not record_path.exists():
+        return False
+    try:
+        files = json.loads(record_path.read_text())["files"]
+        if not isinstance(files, dict):
+            raise TypeError("files is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConvertError(f"{record_path}: unreadable checksum record: {exc}") from exc
+    changed = []
+    for name, recorded in sorted(files.items()):
+        path = out / name
+        if not path.is_file():
+            changed.append(f"{name} removed")
+        elif sha256_file(path) != recorded:
+            changed.append(f"{name} edited (sha256 differs from the conversion's)")
+    present = {p.name for p in out.iterdir() if p.is_file() and p.name != CHECKSUMS}
+    changed += [f"{name} added" for name in sorted(present - set(files))]
+    if changed:
+        raise ConvertError(f"{out} changed since it was converted: {'; '.join(changed)}")
+    return True
 
 
 def verify_output(out: Path, verifier: Path) -> dict[str, Any]:
@@ -222,7 +265,8 @@ def verify_output(out: Path, verifier: Path) -> dict[str, Any]:
     if isinstance(verifier_entry, dict) and verifier_entry.get("name_or_path"):
         result["verifier_name_or_path"] = verifier_entry["name_or_path"]
     result["verifier_num_layers"] = num_layers
-    result["files"] = sorted(p.name for p in out.iterdir())
+    check_checksums(out)
+    result["files"] = sorted(p.name for p in out.iterdir() if p.name != CHECKSUMS)
     return result
 
 
@@ -269,6 +313,7 @@ def run(
                 validate_device=validate_device,
             )
         verify_output(tmp, verifier)
+        record_checksums(tmp)
     except ConvertError as exc:
         _remove(tmp)
         raise ConvertError(f"conversion produced an invalid checkpoint: {exc}") from exc

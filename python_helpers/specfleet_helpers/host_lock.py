@@ -14,7 +14,11 @@ few seconds):
 
 Another run takes the lock over only when it is abandoned: the controller found its owner
 process gone (``--break-token``), its heartbeat is older than ``--stale-after-s``, or the file
-cannot be read. A run never removes a lock it does not own.
+cannot be read. A run never removes a lock it does not own. Taking a lock over also stops what
+the abandoned run left running in the lock's directory (``<root>/run``): its detached stage
+scripts and its vLLM servers. Their stamps were withdrawn when they started, so the new run
+redoes them anyway; left running, they would hold the ports, memory and files it needs (the
+new run's preflight would find the hidden-states port in use, for one).
 
 Every change is made under ``fcntl.flock`` of a sidecar ``<lock>.guard`` file, so two helpers
 on the same host never race between reading the lock and replacing it; the lock itself is
@@ -267,6 +271,26 @@ def _try_acquire(
     raise LockError(f"cannot create host lock {path}: something other than a lock file is there")
 
 
+def end_abandoned_work(run_dir: Path) -> list[str]:
+    """Stop what an abandoned run left running under `run_dir`: every stage script that
+    stage_run recorded (NAME.pid) and then every server that vllm_server recorded
+    (NAME.server.json; a stage script's exit trap usually stops its own). Each is ended by
+    its recorded process group only. Returns what was running, e.g. ["stage hidden_states",
+    "server hidden_states"]."""
+    # Imported here: stage_run imports this module (the heartbeat of every stage poll).
+    from . import stage_run, vllm_server
+
+    stopped = []
+    for record in sorted(run_dir.glob("*.pid")):
+        if stage_run.stop(run_dir, record.stem)["stopped"]:
+            stopped.append(f"stage {record.stem}")
+    for record in sorted(run_dir.glob(f"*{vllm_server.STATE_SUFFIX}")):
+        name = record.name[: -len(vllm_server.STATE_SUFFIX)]
+        if vllm_server.stop_server(name, run_dir)["stopped"]:
+            stopped.append(f"server {name}")
+    return stopped
+
+
 def acquire(
     path: PathLike,
     token: str,
@@ -275,12 +299,15 @@ def acquire(
     stale_after_s: float = DEFAULT_STALE_AFTER_S,
     break_token: Optional[str] = None,
     poll_s: float = DEFAULT_POLL_S,
+    end_abandoned: bool = True,
 ) -> dict[str, Any]:
     """Take the lock for `token`, waiting up to `wait_s` for another run to let go.
 
     Returns {"acquired": True, "changed": bool, "broke": None | {token, owner, heartbeat,
-    why}} or, when another run still holds it, {"acquired": False, "changed": False,
-    "holder": {...lock, heartbeat_age_s}, "message": str}.
+    why, stopped}} or, when another run still holds it, {"acquired": False, "changed": False,
+    "holder": {...lock, heartbeat_age_s}, "message": str}. With `end_abandoned`, taking over
+    a lock first stops what its run left running (end_abandoned_work): `stopped` lists it,
+    and `why` says so.
     """
     path = Path(path)
     if not token:
@@ -290,6 +317,12 @@ def acquire(
     while True:
         with _guard(path):
             result = _try_acquire(path, token, owner, stale_after_s, break_token)
+        broke = result.get("broke")
+        if broke is not None:
+            # Outside the guard (stopping a server takes seconds); the lock is ours already.
+            broke["stopped"] = end_abandoned_work(path.parent) if end_abandoned else []
+            if broke["stopped"]:
+                broke["why"] += f"; stopped what it left running: {', '.join(broke['stopped'])}"
         remaining = deadline - time.monotonic()
         if result["acquired"] or remaining <= 0:
             return result
@@ -441,6 +474,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="take over the lock if TOKEN2 holds it (the controller found its owner dead)",
     )
     acq.add_argument(
+        "--keep-abandoned",
+        action="store_true",
+        help="when taking over a lock, leave the stages and servers its run left running "
+        "(default: stop them)",
+    )
+    acq.add_argument(
         "--poll-s",
         type=_positive_seconds,
         default=DEFAULT_POLL_S,
@@ -499,6 +538,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 stale_after_s=args.stale_after_s,
                 break_token=args.break_token,
                 poll_s=args.poll_s,
+                end_abandoned=not args.keep_abandoned,
             )
         elif args.command == "heartbeat":
             result = heartbeat(args.lock, args.token)

@@ -7,6 +7,8 @@ Subcommands (each prints one JSON line):
   greedy   temperature-0 chat completions per prompt with their token ids, so a role can
            compare the draft-model server with the plain verifier (speculative decoding is
            lossless: greedy outputs must be identical).
+  auth     a server started with an API key must refuse requests without it: one chat
+           completion without any key and one with a wrong key, each must get HTTP 401.
 
 The API key, if the server wants one, is read from the environment variable named by
 --api-key-env, never from argv (argv shows in ps and in logs). Standard library only.
@@ -22,6 +24,7 @@ import json
 import math
 import os
 import re
+import secrets
 import sys
 import urllib.error
 import urllib.parse
@@ -48,6 +51,15 @@ class CheckError(Exception):
 
 class BadInput(CheckError):
     exit_code = EXIT_BAD_INPUT
+
+
+class HTTPStatusError(CheckError):
+    """The server answered with an HTTP error status (kept in `status`, its body in `detail`)."""
+
+    def __init__(self, message: str, status: int, detail: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.detail = detail
 
 
 # ---------------------------------------------------------------- Prometheus text
@@ -196,8 +208,10 @@ class Client:
             with self._opener.open(req, timeout=self.timeout) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
-            detail = exc.read()[:ERROR_BODY_CHARS].decode("utf-8", errors="replace")
-            raise CheckError(f"{method} {path} -> HTTP {exc.code}: {detail.strip()}") from None
+            detail = exc.read()[:ERROR_BODY_CHARS].decode("utf-8", errors="replace").strip()
+            raise HTTPStatusError(
+                f"{method} {path} -> HTTP {exc.code}: {detail}", exc.code, detail
+            ) from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise CheckError(f"{method} {path}: cannot reach {self.base}: {reason}") from None
@@ -316,6 +330,58 @@ def greedy(client: Client, model: str, prompts: list[str], max_tokens: int) -> l
     return outputs
 
 
+AUTH_PATH = "/v1/chat/completions"
+WRONG_KEY_PREFIX = "specfleet-wrong-key-"
+REFUSED = 401
+
+
+def _status_without_valid_key(client: Client, model: str) -> tuple[int, str]:
+    """POST one 1-token chat completion with client's key (None: none); (status, body)."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 1,
+        "stream": False,
+    }
+    try:
+        status, raw = client.request("POST", AUTH_PATH, body)
+    except HTTPStatusError as exc:
+        return exc.status, exc.detail
+    return status, raw[:ERROR_BODY_CHARS].decode("utf-8", errors="replace").strip()
+
+
+def check_api_key_enforced(
+    url: str, model: str, timeout: float = DEFAULT_TIMEOUT_S
+) -> dict[str, Any]:
+    """A server started with an API key must refuse a request without a key and one with a
+    wrong (random) key, each with HTTP 401. Neither request carries the real key, so this
+    needs none.
+
+    {"ok", "api_key_enforced", "path", "without_key": status, "wrong_key": status[, "error"]}.
+    """
+    statuses = {}
+    problems = []
+    wrong = WRONG_KEY_PREFIX + secrets.token_hex(8)
+    for case, key in (("without_key", None), ("wrong_key", wrong)):
+        status, detail = _status_without_valid_key(Client(url, key, timeout=timeout), model)
+        statuses[case] = status
+        if status != REFUSED:
+            what = "without an API key" if key is None else "with a wrong API key"
+            problems.append(
+                f"POST {AUTH_PATH} {what} -> HTTP {status}, expected {REFUSED}"
+                f" ({detail[:200] or 'empty body'})"
+            )
+    out: dict[str, Any] = {
+        "ok": not problems,
+        "api_key_enforced": not problems,
+        "path": AUTH_PATH,
+        **statuses,
+    }
+    if problems:
+        out["error"] = "the server does not enforce its API key: " + "; ".join(problems)
+    return out
+
+
 # ---------------------------------------------------------------- CLI
 
 
@@ -330,17 +396,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser, model: bool) -> None:
+    def common(p: argparse.ArgumentParser, model: bool, api_key: bool = True) -> None:
         p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
         if model:
             p.add_argument(
                 "--model", required=True, help="model name the server serves (served-model-name)"
             )
-        p.add_argument(
-            "--api-key-env",
-            metavar="VAR",
-            help="name of the environment variable holding the API key (never the key itself)",
-        )
+        if api_key:
+            p.add_argument(
+                "--api-key-env",
+                metavar="VAR",
+                help="name of the environment variable holding the API key (never the key itself)",
+            )
         p.add_argument(
             "--timeout",
             type=float,
@@ -398,6 +465,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompt", action="append", required=True, help="user message (repeat for several)"
     )
     p.add_argument("--max-tokens", type=int, default=32, help="token limit (default %(default)s)")
+
+    p = sub.add_parser(
+        "auth",
+        help="the server must refuse requests without its API key (HTTP 401)",
+        description=(
+            f"POST {AUTH_PATH} (1 token) once without any API key and once with a wrong one; "
+            f"exit 1 unless both get HTTP {REFUSED}. Needs no key: neither request carries it."
+        ),
+    )
+    common(p, model=True, api_key=False)
     return parser
 
 
@@ -409,7 +486,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
     try:
-        client = Client(args.url, api_key_from_env(args.api_key_env), timeout=args.timeout)
+        key = api_key_from_env(getattr(args, "api_key_env", None))
+        client = Client(args.url, key, timeout=args.timeout)
         if args.command == "chat":
             result = check_chat(
                 client,
@@ -434,6 +512,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(f"error: {result['error']}", file=sys.stderr)
                 return EXIT_FAILURE
             result["ok"] = True
+        elif args.command == "auth":
+            result = check_api_key_enforced(args.url, args.model, timeout=args.timeout)
+            if not result["ok"]:
+                print(json.dumps(result, sort_keys=True))
+                print(f"error: {result['error']}", file=sys.stderr)
+                return EXIT_FAILURE
         else:
             outputs = greedy(client, args.model, args.prompt, args.max_tokens)
             result = {"ok": True, "max_tokens": args.max_tokens, "outputs": outputs}

@@ -1,10 +1,12 @@
 """Combine and verify the serve stage's checks into one result file.
 
-The serve script collects one JSON per check (the chat completion, the spec-decode metrics
-and, for the lossless check, greedy outputs with and without the draft). `combine` writes
-them as one result.json (atomically); `verify` re-reads it and exits 1 unless the smoke
-completion finished by length with exactly max_tokens tokens, the draft proposed tokens
-(drafts > 0) and, when checked, the draft server's greedy tokens equal the plain verifier's.
+The serve script collects one JSON per check (the chat completion, the spec-decode metrics,
+with an API key whether the server refused requests without it, and, for the lossless check,
+greedy outputs with and without the draft). `combine` writes them as one result.json
+(atomically); `verify` re-reads it and exits 1 unless the smoke completion finished by
+length with exactly max_tokens tokens, the draft proposed tokens (drafts > 0), with
+--require-api-key the server refused requests without its key (HTTP 401), and, when
+checked, the draft server's greedy tokens equal the plain verifier's.
 Standard library only.
 """
 
@@ -45,9 +47,16 @@ def lossless(spec: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
 
 
 def combine(
-    chat: Path, metrics: Path, spec: Optional[Path], plain: Optional[Path], out: Path
+    chat: Path,
+    metrics: Path,
+    spec: Optional[Path],
+    plain: Optional[Path],
+    out: Path,
+    auth: Optional[Path] = None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"chat": last_json(chat), "metrics": last_json(metrics)}
+    if auth is not None:
+        result["auth"] = last_json(auth)
     if spec is not None and plain is not None:
         result["lossless"] = lossless(last_json(spec), last_json(plain))
     tmp = out.with_name(f".{out.name}.tmp")
@@ -56,10 +65,24 @@ def combine(
     return result
 
 
-def verify(result_path: Path, max_tokens: int, require_lossless: bool) -> dict[str, Any]:
+def api_key_enforced(result: dict[str, Any]) -> bool:
+    """True only when the serve run checked that requests without the key got HTTP 401."""
+    auth = result.get("auth")
+    return isinstance(auth, dict) and auth.get("api_key_enforced") is True
+
+
+def verify(
+    result_path: Path, max_tokens: int, require_lossless: bool, require_api_key: bool = False
+) -> dict[str, Any]:
     result = json.loads(result_path.read_text())
     chat, metrics = result["chat"], result["metrics"]
     problems = []
+    if require_api_key and not api_key_enforced(result):
+        auth = result.get("auth")
+        problems.append(
+            "the server did not refuse a request without its API key: "
+            + (str(auth.get("error") or auth) if isinstance(auth, dict) else "no check recorded")
+        )
     if chat.get("finish_reason") != "length":
         problems.append(f"finish_reason is {chat.get('finish_reason')!r}, expected 'length'")
     if chat.get("completion_tokens") != max_tokens:
@@ -87,6 +110,7 @@ def verify(result_path: Path, max_tokens: int, require_lossless: bool) -> dict[s
         "num_accepted_tokens": metrics.get("num_accepted_tokens"),
         "acceptance_rate": metrics.get("acceptance_rate"),
         "mean_acceptance_length": metrics.get("mean_acceptance_length"),
+        "api_key_enforced": api_key_enforced(result),
     }
     if "lossless" in result:
         summary["lossless"] = result["lossless"]["equal"]
@@ -105,19 +129,30 @@ def main(argv: Optional[list[str]] = None) -> int:
     c.add_argument("--metrics", type=Path, required=True)
     c.add_argument("--greedy-with-draft", type=Path)
     c.add_argument("--greedy-plain", type=Path)
+    c.add_argument("--auth", type=Path, help="serve_check auth output (with an API key)")
     c.add_argument("--out", type=Path, required=True)
     v = sub.add_parser("verify", help="exit 1 unless result.json shows a passing smoke test")
     v.add_argument("--result", type=Path, required=True)
     v.add_argument("--max-tokens", type=int, required=True)
     v.add_argument("--require-lossless", action="store_true")
+    v.add_argument(
+        "--require-api-key",
+        action="store_true",
+        help="fail unless a request without the API key was refused (HTTP 401)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "combine":
             out = combine(
-                args.chat, args.metrics, args.greedy_with_draft, args.greedy_plain, args.out
+                args.chat,
+                args.metrics,
+                args.greedy_with_draft,
+                args.greedy_plain,
+                args.out,
+                auth=args.auth,
             )
         else:
-            out = verify(args.result, args.max_tokens, args.require_lossless)
+            out = verify(args.result, args.max_tokens, args.require_lossless, args.require_api_key)
     except (OSError, ValueError, KeyError) as exc:
         print(f"serve result {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

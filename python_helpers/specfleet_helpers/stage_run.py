@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -190,7 +191,7 @@ def start(script: Path, log: Path, run_dir: Path, name: str, timeout_s: float) -
             path.unlink()
     with log.open("w") as fh:
         fh.write(f"==> specfleet: stage '{name}' started {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        fh.write(f"==> re-run by hand: bash {script}\n")
+        fh.write(f"==> re-run by hand: bash {shlex.quote(str(script))}\n")
 
     pid = os.fork()
     if pid == 0:

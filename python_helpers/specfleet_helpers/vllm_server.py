@@ -5,9 +5,12 @@ healthy, report on it, stop it. Used by the hidden_states and serve stages.
 visible), then runs the server command in its own process group (setsid) with stdin from
 /dev/null and stdout/stderr to a log file, records it in RUN_DIR/NAME.server.json and
 returns at once. ``wait`` polls GET /health until it answers 200 and fails fast, with the
-log tail, as soon as the server's process group is gone. ``stop`` ends exactly the recorded
-process group (SIGTERM, then SIGKILL after a grace period) and nothing else; it is
-idempotent.
+log tail, as soon as the server's process group is gone. ``watch`` guards a client that
+uses the server (e.g. ``speculators generate-offline-data``): should the server die, stop
+answering /health, or the client outlast its timeout, it stops the client and fails with
+the server's log tail, instead of leaving the client retrying against a dead server.
+``stop`` ends exactly the recorded process group (SIGTERM, then SIGKILL after a grace
+period) and nothing else; it is idempotent.
 
 Liveness is judged from /proc, ignoring zombies: on hosts whose init does not reap
 orphans, a dead server can linger as a zombie and must not count as running.
@@ -16,8 +19,8 @@ Keep API keys out of the server's argv (it shows in ps, in the log header and in
 file): vLLM reads ``VLLM_API_KEY`` from its environment. Values after ``--api-key`` are
 redacted in everything this helper writes or prints anyway.
 
-Standard library only. Exit codes: 0 ok, 1 failure (server died or timed out), 2 bad
-input, 3 port already in use.
+Standard library only. Exit codes: 0 ok, 1 failure (server died or timed out; for
+``watch`` also: the client was stopped), 2 bad input, 3 port already in use.
 """
 
 from __future__ import annotations
@@ -45,6 +48,13 @@ DEFAULT_GRACE_S = 15.0
 TAIL_LINES = 60
 HEALTH_REQUEST_TIMEOUT_S = 2.0
 POLL_INTERVAL_S = 0.5
+# watch: seconds between /health probes, how long /health may fail before the server counts
+# as hung (a busy server still answers /health: its API process serves it), and the grace
+# between SIGTERM and SIGKILL of the client. Each probe is a line in the server's access log;
+# the tail watch shows leaves those lines out.
+WATCH_HEALTH_EVERY_S = 15.0
+WATCH_UNHEALTHY_AFTER_S = 60.0
+WATCH_CLIENT_GRACE_S = 10.0
 SECRET_FLAGS = ("--api-key", "--api_key")
 
 EXIT_FAILURE = 1
@@ -74,8 +84,11 @@ class PortInUse(ServerError):
     exit_code = EXIT_PORT_BUSY
 
 
+STATE_SUFFIX = ".server.json"
+
+
 def state_path(run_dir: Path, name: str) -> Path:
-    return Path(run_dir) / f"{name}.server.json"
+    return Path(run_dir) / f"{name}{STATE_SUFFIX}"
 
 
 def redact(argv: list[str]) -> list[str]:
@@ -297,6 +310,111 @@ def wait_healthy(
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
 
 
+def _leader_alive(state: dict[str, Any]) -> bool:
+    """Whether the server's main process (the command start ran: vLLM's API server) still
+    runs. Other processes of its group (vLLM's engine core) cannot serve without it."""
+    return _is_ours(state) and procs.process_alive(int(state["pid"]))
+
+
+def _same_process(pid: int, starttime: int) -> bool:
+    """`pid` still runs and is the process that had `starttime` (not a reuse of its pid)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X") and stat[2] == starttime
+
+
+def _stop_client(pid: int, starttime: int, grace_s: float) -> bool:
+    """SIGTERM one process, SIGKILL it after `grace_s`. True if it had to be signalled."""
+    if not _same_process(pid, starttime):
+        return False
+    for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + wait_s
+        while _same_process(pid, starttime) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _same_process(pid, starttime):
+            break
+    return True
+
+
+def watch(
+    name: str,
+    run_dir: Path,
+    client_pid: int,
+    timeout: Optional[float] = None,
+    interval: float = POLL_INTERVAL_S,
+    tail: int = TAIL_LINES,
+    unhealthy_after_s: float = WATCH_UNHEALTHY_AFTER_S,
+    health_every_s: float = WATCH_HEALTH_EVERY_S,
+    client_grace_s: float = WATCH_CLIENT_GRACE_S,
+) -> dict[str, Any]:
+    """Watch the recorded server while process `client_pid` uses it; return once the client
+    has exited (its exit status is for the caller to collect: it is not our child).
+
+    Raises ServerError with the server's log tail, after stopping the client (SIGTERM, SIGKILL
+    after `client_grace_s`), when the server's main process dies, when /health has failed for
+    `unhealthy_after_s` seconds (0: never probe), or when `timeout` seconds pass. A client that
+    exits after the server died (it noticed first) raises too: the server's death is the cause.
+    The server itself is left to ``stop``.
+    """
+    state = _require_state(name, Path(run_dir))
+    host, port = state["host"], int(state["port"])
+    log = Path(state["log"])
+    began = time.monotonic()
+    client = proc_stat(client_pid)
+    if client is None or client[0] in ("Z", "X"):
+        return {"name": name, "client_pid": client_pid, "client_exited": True, "seconds": 0.0}
+    client_start = client[2]
+    last_healthy = next_probe = began
+    problem = ""
+    try:
+        while True:
+            elapsed = time.monotonic() - began
+            client_done = not _same_process(client_pid, client_start)
+            if not _leader_alive(state):
+                problem = (
+                    f"server '{name}' (pid {state['pid']}) died while pid {client_pid} used it, "
+                    f"{elapsed:.1f}s into the watch"
+                )
+                break
+            if client_done:
+                return {
+                    "name": name,
+                    "client_pid": client_pid,
+                    "client_exited": True,
+                    "seconds": round(elapsed, 1),
+                }
+            now = time.monotonic()
+            if unhealthy_after_s > 0 and now >= next_probe:
+                next_probe = now + health_every_s
+                if health_ok(host, port):
+                    last_healthy = now
+                elif now - last_healthy >= unhealthy_after_s:
+                    problem = (
+                        f"server '{name}' (pid {state['pid']}) has not answered "
+                        f"{_url(host, port, '/health')} for {now - last_healthy:.0f}s"
+                    )
+                    break
+            if timeout is not None and elapsed >= timeout:
+                problem = f"pid {client_pid} still used server '{name}' after {timeout:.0f}s"
+                break
+            time.sleep(interval)
+    finally:
+        # Also when the watch itself is interrupted: the client must not outlive its guard.
+        stopped = _stop_client(client_pid, client_start, client_grace_s)
+    if stopped:
+        problem += f"; stopped pid {client_pid}"
+    raise ServerError(f"{problem}; server log: {log}", _tail_without_probes(log, tail))
+
+
+def _tail_without_probes(log: Path, count: int) -> list[str]:
+    """The log's last `count` lines, without the access-log lines of /health probes."""
+    lines = [line for line in tail_lines(log, 100_000) if '"GET /health HTTP/' not in line]
+    return lines[-count:] if count > 0 else []
+
+
 def stop_server(name: str, run_dir: Path, grace_s: float = DEFAULT_GRACE_S) -> dict[str, Any]:
     """SIGTERM the recorded process group, SIGKILL what is left after `grace_s`, forget the
     server. Idempotent: with no server recorded, or one already gone, it only cleans up."""
@@ -430,6 +548,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", required=True, type=float, help="seconds to wait at most")
     p.add_argument("--tail", type=int, default=TAIL_LINES, help="log lines shown on failure")
 
+    p = sub.add_parser(
+        "watch",
+        help="guard a client of the server: stop it and fail if the server dies",
+        description=(
+            "Return (exit 0) once process --pid has exited. If the server dies first, stops "
+            "answering /health for --unhealthy-after seconds, or --timeout passes, stop the "
+            "client (SIGTERM, SIGKILL after --client-grace) and fail (exit 1) with the "
+            "server's log tail. Collect the client's own exit status with `wait PID`."
+        ),
+    )
+    common(p)
+    p.add_argument("--pid", required=True, type=int, help="the client process to guard")
+    p.add_argument("--timeout", type=float, help="seconds the client may run (default: no limit)")
+    p.add_argument(
+        "--unhealthy-after",
+        type=float,
+        default=WATCH_UNHEALTHY_AFTER_S,
+        help="seconds /health may fail before the server counts as hung; 0: never probe "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--client-grace",
+        type=float,
+        default=WATCH_CLIENT_GRACE_S,
+        help="seconds between SIGTERM and SIGKILL of the client (default %(default)s)",
+    )
+    p.add_argument("--tail", type=int, default=TAIL_LINES, help="log lines shown on failure")
+
     p = sub.add_parser("stop", help="end the server's process group (idempotent)")
     common(p)
     p.add_argument(
@@ -443,6 +589,10 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--tail", type=int, default=0, help="log lines to include")
     return parser
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -475,6 +625,32 @@ def main(argv: Optional[list[str]] = None) -> int:
                     error += "\nlast log lines:\n" + "\n".join(exc.tail)
                 print(json.dumps({"name": args.name, "healthy": False, "error": error}))
                 print(f"error: {exc}", file=sys.stderr)
+                for line in exc.tail:
+                    print(f"  | {line}", file=sys.stderr)
+                return exc.exit_code
+        elif args.command == "watch":
+            # Ended by the stage's supervisor (SIGTERM) or Ctrl-C: stop the client first.
+            signal.signal(signal.SIGTERM, _exit_on_signal)
+            try:
+                result = watch(
+                    args.name,
+                    args.run_dir,
+                    args.pid,
+                    timeout=args.timeout,
+                    tail=args.tail,
+                    unhealthy_after_s=args.unhealthy_after,
+                    client_grace_s=args.client_grace,
+                )
+            except KeyboardInterrupt:  # Ctrl-C on a script run by hand; the client is stopped
+                return 130
+            except ServerError as exc:
+                if isinstance(exc, BadInput):
+                    raise
+                # One short JSON line, then the tail as lines of their own: a stage log shows it.
+                print(json.dumps({"name": args.name, "ok": False, "error": str(exc)}), flush=True)
+                print(f"error: {exc}", file=sys.stderr)
+                if exc.tail:
+                    print(f"--- last {len(exc.tail)} lines of the server log ---", file=sys.stderr)
                 for line in exc.tail:
                     print(f"  | {line}", file=sys.stderr)
                 return exc.exit_code

@@ -31,17 +31,20 @@ def test_profile_facts(npu_env_state):
 def test_env_wrapper_runs_commands(host, root):
     wrapper = f"{root}/run/specfleet-env"
     assert host.file(wrapper).mode & 0o111, f"{wrapper} is not executable"
-    result = host.run(f"{wrapper} sh -c 'echo $PYTHONPATH'")
+    # testinfra quotes the arguments of run(): the root may contain spaces.
+    result = host.run("%s sh -c 'echo $PYTHONPATH'", wrapper)
     assert result.rc == 0, result.stderr
     assert "specfleet_helpers.zip" in result.stdout
 
 
 def test_helpers_shipped_and_importable(host, root):
-    result = host.run(f"{root}/run/specfleet-env python3 -m specfleet_helpers.stage_run --help")
+    result = host.run(
+        "%s python3 -m specfleet_helpers.stage_run --help", f"{root}/run/specfleet-env"
+    )
     assert result.rc == 0 and "stage script" in result.stdout, result.stdout + result.stderr
 
 
 def test_work_root_not_world_writable(host, root):
-    found = host.run(f"find {root} -path {root}/venv -prune -o ! -type l -perm -o+w -print")
+    found = host.run("find %s -path %s -prune -o ! -type l -perm -o+w -print", root, f"{root}/venv")
     assert found.rc == 0, found.stderr
     assert found.stdout.strip() == "", f"world-writable under {root}:\n{found.stdout}"

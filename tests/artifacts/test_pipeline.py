@@ -63,7 +63,7 @@ def test_hidden_state_files(host, stamp):
     hs = stamp("hidden_states")
     rows = stamp("data")["metrics"]["rows"]
     directory = hs["artifacts"]["hidden_states"]
-    listing = host.run(f"ls -1 {directory}")
+    listing = host.run("ls -1 %s", directory)
     files = [
         f for f in listing.stdout.split() if f.startswith("hs_") and f.endswith(".safetensors")
     ]
@@ -79,7 +79,7 @@ def test_hidden_state_files(host, stamp):
 def test_trained_draft_is_clean(host, stamp):
     train = stamp("train")
     draft = train["artifacts"]["draft"]
-    listing = sorted(host.run(f"ls -1A {draft}").stdout.split())
+    listing = sorted(host.run("ls -1A %s", draft).stdout.split())
     assert listing == ["config.json", "model.safetensors"], listing
     loss = train["metrics"]["metrics"]["val_loss"]
     assert isinstance(loss, float) and math.isfinite(loss), loss

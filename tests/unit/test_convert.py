@@ -9,6 +9,7 @@ draft that the test synthesizes.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import shutil
@@ -22,8 +23,10 @@ from typing import Any
 
 import pytest
 from specfleet_helpers.convert import (
+    CHECKSUMS,
     ConvertError,
     ConvertInputError,
+    check_checksums,
     main,
     preflight,
     publish,
@@ -363,6 +366,76 @@ def test_run_converts_into_a_sibling_then_replaces_the_old_output(
     assert (result["path"], result["block_size"]) == (str(out), 4)
     assert json.loads((out / "config.json").read_text()) == CONVERTED_CONFIG
     assert sorted(p.name for p in tmp_path.iterdir()) == ["draft", "out", "verifier"]
+
+
+def converted_by_run(
+    inputs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    out = tmp_path / "out"
+    fake_speculators(monkeypatch, lambda path: make_dir(path, CONVERTED_CONFIG))
+    assert main(run_argv(*inputs, out)) == 0
+    return out
+
+
+def test_run_records_the_checksums_of_the_verified_output(
+    inputs: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    out = converted_by_run(inputs, tmp_path, monkeypatch)
+    record = json.loads((out / CHECKSUMS).read_text())
+    assert record == {
+        "files": {
+            name: hashlib.sha256((out / name).read_bytes()).hexdigest()
+            for name in ("config.json", "model.safetensors")
+        }
+    }
+    # The record is not one of the checkpoint's files.
+    assert verify_output(out, inputs[1])["files"] == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "fragment"),
+    [
+        # Still a plausible conversion: only the record tells.
+        (lambda out: edit_config(out, block_size=8), "config.json edited (sha256 differs"),
+        (
+            lambda out: (out / "generation_config.json").write_text("{}"),
+            "generation_config.json added",
+        ),
+        (
+            lambda out: (out / "model.safetensors").write_bytes(
+                tiny_safetensors()[:-8] + bytes([1] * 8)
+            ),
+            "model.safetensors edited",
+        ),
+        (lambda out: (out / CHECKSUMS).write_text("{"), "unreadable checksum record"),
+    ],
+    ids=["config-value", "file-added", "weights-changed", "record-damaged"],
+)
+def test_verify_notices_any_change_since_the_conversion(
+    inputs: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    damage: Callable[[Path], Any],
+    fragment: str,
+):
+    out = converted_by_run(inputs, tmp_path, monkeypatch)
+    capsys.readouterr()
+    damage(out)
+    with pytest.raises(ConvertError, match=r"changed since it was converted|unreadable") as info:
+        verify_output(out, inputs[1])
+    assert fragment in str(info.value)
+    assert main(["verify", "--out", str(out), "--verifier", str(inputs[1])]) == 1
+    assert fragment in capsys.readouterr().err
+
+
+def test_an_output_without_a_record_is_checked_for_consistency_only(
+    converted: tuple[Path, Path],
+):
+    out, verifier = converted
+    assert check_checksums(out) is False
+    edit_config(out, block_size=8)
+    assert verify_output(out, verifier)["block_size"] == 8
 
 
 @pytest.mark.parametrize(

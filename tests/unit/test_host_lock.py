@@ -238,6 +238,7 @@ def test_unreadable_lock_is_taken_over(lock: Path, content: str):
         "owner": None,
         "heartbeat": None,
         "why": "unreadable lock file",
+        "stopped": [],
     }
     assert on_disk(lock)["token"] == "run-b"
     assert output(cli("read", "--lock", lock))["token"] == "run-b"
@@ -405,3 +406,47 @@ def test_concurrent_cli_acquirers_exactly_one_wins(lock: Path):
     assert sorted(codes) == [0, 4, 4]
     winner = ("run-a", "run-b", "run-c")[codes.index(0)]
     assert on_disk(lock)["token"] == winner
+
+
+def test_taking_over_stops_what_the_abandoned_run_left_running(lock: Path):
+    """A dead run's detached stage and its server hold ports and memory the new run needs:
+    the run that takes the lock over stops them (by their recorded process groups only)."""
+    import socket
+
+    from procutil import pid_alive, wait_until
+    from specfleet_helpers import stage_run, vllm_server
+
+    run_dir = lock.parent
+    script = run_dir / "slow.sh"
+    script.write_text("echo '==> working'\nsleep 300\n")
+    stage = stage_run.start(script, run_dir / "slow.log", run_dir, "slow", 600)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = vllm_server.start_server("fake", run_dir, run_dir / "fake.log", port, ["sleep", "300"])
+    bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        assert acquire_cli(lock, "run-a").returncode == 0
+        kept = acquire_cli(lock, "run-b", "--break-token", "run-a", "--keep-abandoned")
+        assert output(kept)["broke"]["stopped"] == []
+        assert pid_alive(stage["pid"]) and pid_alive(server["pid"])
+
+        took = acquire_cli(lock, "run-c", "--break-token", "run-b")
+        assert took.returncode == 0, took.stderr
+        broke = output(took)["broke"]
+        assert broke["stopped"] == ["stage slow", "server fake"]
+        assert broke["why"] == (
+            "owner process gone; stopped what it left running: stage slow, server fake"
+        )
+        assert wait_until(lambda: not pid_alive(stage["pid"]), 10)
+        assert not pid_alive(server["pid"])
+        assert not (run_dir / "fake.server.json").exists()
+        assert pid_alive(bystander.pid)
+        # Nothing left to stop: a later takeover only takes the lock.
+        again = acquire_cli(lock, "run-d", "--break-token", "run-c")
+        assert output(again)["broke"]["stopped"] == []
+    finally:
+        stage_run.stop(run_dir, "slow")
+        vllm_server.stop_server("fake", run_dir, grace_s=1)
+        bystander.kill()
+        bystander.wait()

@@ -186,6 +186,8 @@ class FakeServer:
         authorization = self.requests[-1]["headers"].get("Authorization")
         if self.behaviour == "auth" and authorization != "Bearer s3cret":
             return 401, {"error": "Unauthorized"}
+        if self.behaviour == "any_key" and not authorization:
+            return 401, {"error": "Unauthorized"}
         return 200, {
             "id": "chatcmpl-1",
             "model": body["model"],
@@ -314,6 +316,57 @@ def test_api_key_comes_from_the_named_env_var_only(fake):
     assert run_cli("chat", "--url", fake.url, "--model", "x", "--api-key", "k").returncode == 2
 
 
+def test_auth_passes_only_when_requests_without_the_key_get_401(fake):
+    fake.behaviour = "auth"
+    proc = run_cli("auth", "--url", fake.url, "--model", "tiny", env={"VLLM_API_KEY": "s3cret"})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out == {
+        "ok": True,
+        "api_key_enforced": True,
+        "path": "/v1/chat/completions",
+        "without_key": 401,
+        "wrong_key": 401,
+    }
+    sent = fake.requests[-2:]
+    assert "Authorization" not in sent[0]["headers"]
+    wrong = sent[1]["headers"]["Authorization"]
+    assert wrong.startswith("Bearer specfleet-wrong-key-")
+    # The real key is never sent (nor read: the subcommand takes no --api-key-env).
+    assert all("s3cret" not in json.dumps(r["headers"]) for r in sent)
+    assert all(r["body"]["max_tokens"] == 1 for r in sent)
+    assert "s3cret" not in proc.stdout + proc.stderr
+    assert run_cli("auth", "--url", fake.url, "--model", "t", "--api-key-env", "X").returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "without", "wrong"), [("ok", 200, 200), ("any_key", 401, 200)]
+)
+def test_auth_fails_when_the_server_answers_without_a_valid_key(fake, behaviour, without, wrong):
+    fake.behaviour = behaviour
+    proc = run_cli("auth", "--url", fake.url, "--model", "tiny")
+    assert proc.returncode == 1
+    out = json.loads(proc.stdout)
+    assert out["ok"] is False and out["api_key_enforced"] is False
+    assert (out["without_key"], out["wrong_key"]) == (without, wrong)
+    assert "does not enforce its API key" in out["error"]
+    if without != 401:
+        assert "without an API key -> HTTP 200, expected 401" in out["error"]
+    assert "with a wrong API key -> HTTP 200, expected 401" in out["error"]
+    assert proc.stderr.startswith("error: the server does not enforce its API key")
+
+
+def test_auth_against_an_unreachable_server_is_a_failure_not_a_pass():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = run_cli("auth", "--url", f"http://127.0.0.1:{port}", "--model", "m", "--timeout", "5")
+    assert proc.returncode == 1
+    assert "cannot reach" in json.loads(proc.stdout)["error"]
+
+
 def test_metrics_cli(fake):
     proc = run_cli("metrics", "--url", fake.url, "--require-spec-decode")
     assert proc.returncode == 0, proc.stderr
@@ -364,5 +417,5 @@ def test_bad_input_exit_2():
     assert zero.returncode == 2
     help_text = run_cli("--help")
     assert help_text.returncode == 0
-    for command in ("chat", "metrics", "greedy"):
+    for command in ("chat", "metrics", "greedy", "auth"):
         assert command in help_text.stdout

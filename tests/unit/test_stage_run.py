@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -129,7 +130,7 @@ def test_exit_code_step_and_tail_of_a_finished_stage(stages):
     # The helper's own header lines come first in the log.
     log = stage.log.read_text().splitlines()
     assert log[0].startswith("==> specfleet: stage 'build' started ")
-    assert log[1] == f"==> re-run by hand: bash {stage.script}"
+    assert log[1] == f"==> re-run by hand: bash {shlex.quote(str(stage.script))}"
     # The run dir keeps only the status once the stage ended.
     assert not (stage.run_dir / "build.pid").exists()
     assert (stage.run_dir / "build.status.json").is_file()

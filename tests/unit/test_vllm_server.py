@@ -331,6 +331,133 @@ def test_start_with_a_missing_executable_is_bad_input(tmp_path):
     assert "no-such-binary" in proc.stderr
 
 
+# ---------------------------------------------------------------- watch (a client of the server)
+
+
+def watch_cli(fake: Fake, client: subprocess.Popen, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "specfleet_helpers.vllm_server", "watch", f"--name={fake.name}",
+         f"--run-dir={fake.run_dir}", f"--pid={client.pid}", "--client-grace=2", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )  # fmt: skip
+
+
+@pytest.fixture
+def clients():
+    """Stand-ins for generate-offline-data: children of this test, killed at the end."""
+    made: list[subprocess.Popen] = []
+
+    def make(seconds: float = 300) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({seconds})"])
+        made.append(proc)
+        return proc
+
+    yield make
+    for proc in made:
+        proc.kill()
+        proc.wait()
+
+
+def test_watch_returns_when_the_client_exits_and_leaves_the_server(fakes, clients):
+    fake = fakes()
+    assert fake.start().returncode == 0
+    assert fake.wait().returncode == 0
+    client = clients(1.5)
+    began = time.monotonic()
+    out, err = watch_cli(fake, client).communicate(timeout=30)
+    assert time.monotonic() - began < 10
+    result = json.loads(out)
+    assert result["client_exited"] is True and result["client_pid"] == client.pid, err
+    assert client.wait(timeout=5) == 0  # its own exit status, for the caller to collect
+    assert json.loads(fake.stop().stdout)["stopped"] is True  # the server was left running
+
+
+def test_watch_stops_the_client_and_fails_with_the_log_tail_when_the_server_dies(fakes, clients):
+    fake = fakes()
+    assert fake.start().returncode == 0
+    assert fake.wait().returncode == 0
+    client = clients()
+    watcher = watch_cli(fake, client, "--tail=5")
+    time.sleep(3.0)
+    assert watcher.poll() is None and client.poll() is None
+    server_pid = json.loads(fake.state_file.read_text())["pid"]
+    os.kill(server_pid, 9)
+    began = time.monotonic()
+    out, err = watcher.communicate(timeout=30)
+    noticed = time.monotonic() - began
+    assert watcher.returncode == 1, err
+    assert noticed < 5, f"watch took {noticed:.1f}s to notice the death"
+    assert client.wait(timeout=5) == -15  # SIGTERM: stopped, not left retrying
+    assert json.loads(out)["ok"] is False
+    assert f"server 'serve' (pid {server_pid}) died while pid {client.pid} used it" in err
+    assert f"stopped pid {client.pid}" in err
+    assert "--- last " in err and "  | fake server: listening" in err  # the server's log tail
+    # the rest of its group (the fake's child) is for stop, as in a stage's EXIT trap
+    assert pid_alive(fake.child_pid())
+    assert json.loads(fake.stop().stdout)["stopped"] is True
+    assert not pid_alive(fake.child_pid())
+
+
+def test_watch_enforces_its_timeout_and_a_hung_server(fakes, clients):
+    fake = fakes()
+    assert fake.start().returncode == 0
+    assert fake.wait().returncode == 0
+    client = clients()
+    _out, err = watch_cli(fake, client, "--timeout=1").communicate(timeout=30)
+    assert "still used server 'serve' after 1s" in err and f"stopped pid {client.pid}" in err
+    assert client.wait(timeout=5) == -15
+
+    hung = fakes("hung")
+    assert hung.start(*hung.argv(delay=300)).returncode == 0  # alive, never answers /health
+    client = clients()
+    with pytest.raises(vllm_server.ServerError, match=r"has not answered .*/health for 1s"):
+        vllm_server.watch(
+            hung.name, hung.run_dir, client.pid, unhealthy_after_s=1, health_every_s=0.2,
+            client_grace_s=2,
+        )  # fmt: skip
+    assert client.wait(timeout=5) == -15
+
+
+def test_watch_interrupted_stops_the_client_too(fakes, clients):
+    fake = fakes()
+    assert fake.start().returncode == 0
+    assert fake.wait().returncode == 0
+    client = clients()
+    watcher = watch_cli(fake, client)
+    time.sleep(3.0)  # past its start-up (imports): now it is watching
+    assert watcher.poll() is None
+    watcher.terminate()  # what the stage supervisor sends the script's process group
+    watcher.communicate(timeout=30)
+    assert watcher.returncode == 128 + 15
+    assert client.wait(timeout=5) == -15
+
+
+def test_watch_of_a_finished_client_returns_at_once(fakes, clients):
+    fake = fakes()
+    assert fake.start().returncode == 0
+    client = clients(0)
+    client.wait()
+    result = vllm_server.watch(fake.name, fake.run_dir, client.pid)
+    assert result["client_exited"] is True
+    missing = cli("watch", "--name=x", "--run-dir=/nonexistent-run", f"--pid={client.pid}")
+    assert missing.returncode == 2 and "no server 'x'" in missing.stderr
+
+
+def test_watch_tail_leaves_out_its_own_health_probes(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(
+        "loading\n"
+        'INFO:     127.0.0.1:5 - "GET /health HTTP/1.1" 200 OK\n'
+        "ERROR engine died\n"
+        'INFO:     127.0.0.1:6 - "GET /health HTTP/1.1" 200 OK\n'
+    )
+    assert vllm_server._tail_without_probes(log, 5) == ["loading", "ERROR engine died"]
+    assert vllm_server._tail_without_probes(log, 1) == ["ERROR engine died"]
+
+
 # ---------------------------------------------------------------- hidden-states argv
 
 
