@@ -500,6 +500,10 @@ def test_2_git_source_again_changes_nothing(work: Work, speculators_git_repo: Pa
 # -- 3. wheelhouse ----------------------------------------------------------------------------
 
 
+# The fleet scenario (molecule/fleet) installs from the wheelhouse on three hosts in every CI
+# run; this one-host variant (with the switch away from the git source) is in
+# make test-reliability's budget instead.
+@pytest.mark.slow
 def test_3_wheelhouse_source_installs_from_pushed_wheels(
     work: Work, speculators_git_repo: Path
 ) -> None:
@@ -570,6 +574,7 @@ def test_3_wheelhouse_source_installs_from_pushed_wheels(
     assert work.src_dir.resolve() not in Path(imported).resolve().parents, imported
 
 
+@pytest.mark.slow
 def test_4_wheelhouse_source_again_changes_nothing(work: Work) -> None:
     work.require("3-wheelhouse")
     play = work.play_again("4-wheelhouse-again", wheelhouse_vars(work))
