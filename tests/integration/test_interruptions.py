@@ -15,14 +15,17 @@ it); the servers run on ports 18100 (serve) and 18101 (hidden states).
      the failure shows the server's log tail, nothing of the root keeps running; the next
      run redoes hidden_states (and train, serve) and is green.
   3. the playbook interrupted during hidden_states or train, with SIGINT (Ctrl-C: to its
-     process group) or SIGKILL (to ansible-playbook alone): the next run takes over the dead
-     run's host lock, redoes the stage ("no stamp from an earlier run") and what follows,
-     and is green; the stage has a new run id, the artifacts verify, and nothing of the root
-     is left running.
+     process group) or SIGKILL (to ansible-playbook alone). The stage runs on, detached,
+     and the dead run's lock stays. The next run takes the lock over (its owner process is
+     gone) and with it stops what the dead run left running (stage script, vLLM server);
+     it redoes the stage ("no stamp from an earlier run") and what follows, and is green;
+     the stage has a new run id, its artifacts verify, nothing of the root keeps running.
 
 Needs the controller venv (.venv) and the CPU venv (.work/local/venv: `make run` builds it;
-CI runs it first). Prints the measured figures (pytest -s). Run explicitly:
-    .venv/bin/python -m pytest -q -s tests/integration/test_interruptions.py
+CI runs it first). Takes ~65 min on 2 cores shared with other runs (11 playbook runs, 6 of
+them whole pipelines), hence `slow`: it runs with SPECFLEET_SLOW_TESTS=1 (conftest.py), i.e.
+`make test-reliability`. Prints the measured figures (pytest -s). Or on its own:
+    SPECFLEET_SLOW_TESTS=1 .venv/bin/python -m pytest -q -s tests/integration/test_interruptions.py
 SPECFLEET_INTERRUPTIONS_DIR=<dir> keeps the work root there across sessions (faster reruns).
 """
 
