@@ -1,8 +1,13 @@
 """The fleet scenario's checks (molecule/fleet): three real hosts, one per hardware group,
-ran the CPU pipeline through controller sources; the side effect then broke train on
-a950-node1 on purpose. Checked here:
+ran the CPU pipeline through controller sources (a950-node1 in a work root with a space);
+the side effect then ran the fleet once more with train broken on a950-node1 on purpose,
+the trained draft's weights deleted on a3-node1 and a serve API key set. Checked here:
 - the reports: the converge run's is green on every host, the broken run's shows a950-node1
-  failed at train (with the error and log tail) while a2-node1 and a3-node1 passed;
+  failed at train (with the error, log tail and a quoted re-run command) while a2-node1 and
+  a3-node1 passed;
+- the damaged host redid exactly train and serve, the others only serve (the key is one of
+  its inputs); serve proved a request without the key is refused (HTTP 401);
+- the key is in no file of any host's work root and in no report;
 - per-group settings (group_vars/<group>.yml) landed on the hosts of that group, and no other;
 - controller sources: models and wheels came from the controller;
 - each host is its own machine (hostname, filesystem).
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -22,9 +28,11 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 REPORTS = Path(os.environ.get("SPECFLEET_REPORTS_DIR", "/tmp/specfleet-molecule/fleet/reports"))
-ROOT = os.environ.get("SPECFLEET_ROOT", "/srv/specfleet")
+API_KEY_FILE = Path("/tmp/specfleet-molecule/fleet/serve-api-key.yml")
 FLEET_GROUPS = ("atlas-a2", "atlas-a3", "ascend-950")
 BROKEN_HOST, BROKEN_STAGE = "a950-node1", "train"
+# Its trained draft's weights deleted before the side effect's run (molecule/fleet).
+DAMAGED_HOST = "a3-node1"
 STAGES = [
     "npu_env",
     "speculators_install",
@@ -60,6 +68,21 @@ def host_group(host) -> str:
     return groups[0]
 
 
+def root_of(host) -> str:
+    """The host's work root, from the scenario's host_vars (a950-node1's has a space)."""
+    return host.ansible.get_variables()["specfleet_root"]
+
+
+def api_key() -> str:
+    key = yaml.safe_load(API_KEY_FILE.read_text())["serve_api_key"]
+    assert isinstance(key, str) and key.startswith("sfkey-") and len(key) > 20
+    return key
+
+
+def latest() -> dict[str, Any]:
+    return json.loads((REPORTS / "latest" / "fleet.json").read_text())
+
+
 def read_json(host, path: str) -> dict[str, Any]:
     f = host.file(path)
     assert f.exists, f"{path} missing on {host.backend.get_hostname()}"
@@ -91,18 +114,39 @@ def test_idempotent_report_says_up_to_date_everywhere():
 
 
 def test_broken_run_reports_the_failed_host_and_passes_the_others():
-    latest = json.loads((REPORTS / "latest" / "fleet.json").read_text())
-    assert not latest["green"]
-    hosts = by_host(latest)
+    report = latest()
+    assert not report["green"]
+    hosts = by_host(report)
     broken = hosts[BROKEN_HOST]
     assert broken["failed_stage"] == BROKEN_STAGE
     assert broken["stages"][BROKEN_STAGE]["status"] == "failed"
     assert broken["stages"]["serve"]["status"] == "not reached"
     assert "--specfleet-broken-on-purpose" in "\n".join(broken["log_tail"]), broken["log_tail"]
-    assert broken["rerun"].startswith("bash ") and broken["rerun"].endswith("/run/train.sh")
+    # its work root has a space: the command a user pastes must quote it
+    assert broken["rerun"] == "bash " + shlex.quote("/srv/spec fleet/run/train.sh"), broken
     for name in ("a2-node1", "a3-node1"):
         assert hosts[name]["green"], hosts[name]
-    assert latest["totals"]["not_green"] == 1
+    assert report["totals"]["not_green"] == 1
+
+
+def ran(stage: dict[str, Any]) -> bool:
+    return stage["status"] == "passed" and stage["detail"].startswith("ran: ")
+
+
+def test_broken_run_redid_exactly_what_changed_on_the_green_hosts():
+    hosts = by_host(latest())
+    # a2-node1: only the key changed, and only serve takes it
+    a2 = hosts["a2-node1"]["stages"]
+    assert [s for s in STAGES if ran(a2[s])] == ["serve"], a2
+    assert "api_key_set" in a2["serve"]["detail"], a2["serve"]
+    # a3-node1: train's output was damaged; train and serve (which it feeds) were redone
+    a3 = hosts[DAMAGED_HOST]["stages"]
+    assert [s for s in STAGES if ran(a3[s])] == ["train", "serve"], a3
+    assert a3["train"]["detail"].startswith("ran: artifacts no longer valid"), a3["train"]
+    for name, stages in (("a2-node1", a2), (DAMAGED_HOST, a3)):
+        for stage in STAGES[:-1]:
+            if not ran(stages[stage]):
+                assert stages[stage]["detail"] == "up to date", (name, stage, stages[stage])
 
 
 def test_broken_run_markdown_and_junit():
@@ -123,6 +167,13 @@ def test_broken_run_markdown_and_junit():
 
 
 def test_reports_hold_no_secrets():
+    key = api_key()
+    leaks = [
+        str(path)
+        for path in REPORTS.rglob("*")
+        if path.is_file() and not path.is_symlink() and key in path.read_text(errors="replace")
+    ]
+    assert leaks == [], f"the serve API key is in {leaks}"
     for report in reports():
         for name in ("fleet.json", "fleet.md", "junit.xml", "hosts.json"):
             text = (Path(report["_dir"]) / name).read_text()
@@ -134,24 +185,26 @@ def test_reports_hold_no_secrets():
 
 def test_host_is_its_own_machine(host):
     name = host.backend.get_hostname()
+    root = root_of(host)
     assert host.check_output("hostname") == name
-    assert host.file(f"{ROOT}/state/npu_env.json").exists
+    assert host.file(f"{root}/state/npu_env.json").exists
     # /srv is the host's own: another host's work root is not visible here
     others = {"a2-node1", "a3-node1", "a950-node1"} - {name}
-    stamps = {read_json(host, f"{ROOT}/state/npu_env.json").get("host"), name}
+    stamps = {read_json(host, f"{root}/state/npu_env.json").get("host"), name}
     assert not others & stamps
 
 
 def test_group_settings_landed_on_this_host(host):
     group = host_group(host)
     expected = group_vars(group)
-    env = read_json(host, f"{ROOT}/state/npu_env.json")
+    root = root_of(host)
+    env = read_json(host, f"{root}/state/npu_env.json")
     assert env["hardware_family"] == expected["specfleet_hardware_family"] == group
     settings = env["group_settings"]
     assert settings["npu_devices_per_host"] == expected["specfleet_npu_devices_per_host"]
     assert settings["npu_hbm_mb_per_device"] == expected["specfleet_npu_hbm_mb_per_device"]
     assert settings["image_tag_suffix"] == expected["specfleet_image_tag_suffix"]
-    serve = read_json(host, f"{ROOT}/state/serve.json")["inputs"]
+    serve = read_json(host, f"{root}/state/serve.json")["inputs"]
     assert serve["gpu_memory_utilization"] == expected["specfleet_serve_gpu_memory_utilization"]
     assert (
         serve["speculative_config"]["num_speculative_tokens"]
@@ -160,9 +213,10 @@ def test_group_settings_landed_on_this_host(host):
 
 
 def test_models_and_wheels_came_from_the_controller(host):
-    models = read_json(host, f"{ROOT}/state/models.json")
+    root = root_of(host)
+    models = read_json(host, f"{root}/state/models.json")
     assert models["inputs"]["source"] == "controller", models["inputs"]
-    install = read_json(host, f"{ROOT}/state/speculators_install.json")
+    install = read_json(host, f"{root}/state/speculators_install.json")
     assert install["inputs"]["source"] == "wheelhouse", install["inputs"]
     wheelhouse = install["metrics"]["wheelhouse"]
     assert wheelhouse["wheels"] > 100 and wheelhouse["bytes"] > 500_000_000, wheelhouse
@@ -173,13 +227,34 @@ def test_models_and_wheels_came_from_the_controller(host):
 @pytest.mark.parametrize("stage", STAGES[1:])
 def test_stage_stamp_present(host, stage):
     name = host.backend.get_hostname()
+    root = root_of(host)
     if (name, stage) == (BROKEN_HOST, BROKEN_STAGE):
         # withdrawn when the broken run started the stage; the failure record says why
-        assert not host.file(f"{ROOT}/state/{stage}.json").exists
-        failure = read_json(host, f"{ROOT}/state/{stage}.failed.json")
+        assert not host.file(f"{root}/state/{stage}.json").exists
+        failure = read_json(host, f"{root}/state/{stage}.failed.json")
         assert failure["stage"] == stage and failure["host"] == name
-        assert failure["rerun"].endswith(f"/run/{stage}.sh"), failure
+        assert failure["rerun"] == "bash " + shlex.quote(f"{root}/run/{stage}.sh"), failure
         return
-    stamp = read_json(host, f"{ROOT}/state/{stage}.json")
+    stamp = read_json(host, f"{root}/state/{stage}.json")
     assert stamp["host"] == name
-    assert not host.file(f"{ROOT}/state/{stage}.failed.json").exists
+    assert not host.file(f"{root}/state/{stage}.failed.json").exists
+
+
+def test_serve_refused_requests_without_the_key(host):
+    name = host.backend.get_hostname()
+    if name == BROKEN_HOST:
+        pytest.skip("serve was not reached on the broken host in the keyed run")
+    root = root_of(host)
+    serve = read_json(host, f"{root}/state/serve.json")
+    assert serve["inputs"]["api_key_set"] is True
+    assert serve["inputs"]["host"] == "127.0.0.1"
+    assert serve["metrics"]["api_key_enforced"] is True, serve["metrics"]
+    auth = read_json(host, f"{root}/serve/result.json")["auth"]
+    assert (auth["without_key"], auth["wrong_key"], auth["ok"]) == (401, 401, True), auth
+
+
+def test_api_key_is_in_no_file_of_the_work_root(host):
+    root = root_of(host)
+    # grep's own command line holds the key on the host for a moment; a test may.
+    found = host.run("grep -rlF -e %s -- %s", api_key(), root)
+    assert found.rc == 1 and found.stdout == "", f"key found: {found.stdout}{found.stderr}"
