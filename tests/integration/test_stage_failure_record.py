@@ -1,0 +1,94 @@
+"""The failure record every stage role's rescue writes (roles/stage/tasks/failed.yml), from
+real failing tasks: what the fleet report and a user logging in read must say what failed.
+A looped task's own message is only "One or more items failed"; a command's is only "non-zero
+return code". Runs a small playbook on localhost (seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
+
+PLAYBOOK = """
+- name: Fail inside a stage-like block, rescued by the stage contract
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  vars:
+    specfleet_defer_failures: true
+  tasks:
+    - name: A stage whose looped task fails for two items
+      block:
+        - name: Check every item
+          ansible.builtin.fail:
+            msg: "item {{ item }} is bad"
+          loop: [1, 2, 3]
+          when: item != 1
+      rescue:
+        - name: Record the failure
+          ansible.builtin.include_role:
+            name: stage
+            tasks_from: failed.yml
+          vars:
+            stage_failed_name: looped
+    - name: A stage whose command fails with stderr
+      block:
+        - name: Run a command
+          ansible.builtin.command:
+            argv: [bash, -c, "echo first problem >&2; echo second problem >&2; exit 3"]
+      rescue:
+        - name: Record the failure
+          ansible.builtin.include_role:
+            name: stage
+            tasks_from: failed.yml
+          vars:
+            stage_failed_name: command
+"""
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    if not ANSIBLE_PLAYBOOK.exists():
+        pytest.skip("the controller venv is missing (run `make setup`)")
+    tmp = tmp_path_factory.mktemp("failure-record")
+    state = tmp / "root" / "state"
+    state.mkdir(parents=True)
+    playbook = tmp / "playbook.yml"
+    playbook.write_text(PLAYBOOK)
+    extravars = {
+        "specfleet_root": str(tmp / "root"),
+        "stage_state_dir": str(state),
+        "ansible_python_interpreter": sys.executable,
+    }
+    done = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", "localhost,", str(playbook), "-e", json.dumps(extravars)],
+        cwd=REPO,
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    # Deferred: both failures are rescued and recorded, the play itself passes.
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {p.name: json.loads(p.read_text()) for p in state.glob("*.failed.json")}
+
+
+def test_a_looped_task_records_what_each_failed_item_said(records: dict[str, dict]) -> None:
+    record = records["looped.failed.json"]
+    assert record["error"] == "item 2 is bad\nitem 3 is bad", record
+    assert (record["stage"], record["status"], record["host"]) == ("looped", "failed", "localhost")
+
+
+def test_a_command_records_its_stderr_as_lines(records: dict[str, dict]) -> None:
+    error = records["command.failed.json"]["error"]
+    assert error.splitlines()[-2:] == ["first problem", "second problem"], error
+    assert "\\n" not in error, "newlines were written as backslash-n"
