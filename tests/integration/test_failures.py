@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
+from siteruns import Run, port_free, wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -68,7 +69,6 @@ SITE = REPO / "site.yml"
 INVENTORY = REPO / "inventory" / "local.yml"
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 CPU_VENV = REPO / ".work" / "local" / "venv"
-HOST = "localhost"
 SERVE_PORT = 18200
 HIDDEN_STATES_PORT = 18201
 # Stages that leave a stamp with a run id (npu_env records the host in npu_env.json).
@@ -97,21 +97,6 @@ TIMINGS: list[tuple[str, float, str]] = []
 # ----------------------------------------------------------------------------- helpers
 
 
-def flat(text: str) -> str:
-    """Whitespace collapsed: a message reads the same however the callback wrapped it."""
-    return " ".join(text.split())
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def http_ok(port: int) -> bool:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
@@ -119,14 +104,6 @@ def http_ok(port: int) -> bool:
             return resp.status == 200
     except OSError:
         return False
-
-
-def wait_for(what: str, check, timeout_s: float, every_s: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(every_s)
 
 
 TASK_HEADER = re.compile(r"^TASK \[(?P<name>.*?)\] \*+", re.M)
@@ -148,51 +125,17 @@ def task_durations(stdout: str) -> list[tuple[str, float]]:
     return found
 
 
+def lock_wait_s(run: Run) -> float:
+    """The longest 'Take the host lock' task of a run (one per play)."""
+    return max(s for name, s in task_durations(run.stdout) if name.endswith("Take the host lock"))
+
+
 def tree_files(top: Path) -> Iterator[Path]:
     """Every file, directory and symlink under top (top included), not following links."""
     yield top
     for dirpath, dirnames, filenames in os.walk(top):
         for name in dirnames + filenames:
             yield Path(dirpath) / name
-
-
-@dataclass
-class Run:
-    label: str
-    rc: int
-    stdout: str
-    seconds: float
-    reports: Path
-
-    @property
-    def text(self) -> str:
-        return flat(self.stdout)
-
-    def tail(self, lines: int = 60) -> str:
-        return "\n".join(self.stdout.splitlines()[-lines:])
-
-    def fleet(self) -> dict[str, Any]:
-        path = self.reports / "latest" / "fleet.json"
-        assert path.is_file(), f"[{self.label}] no report {path}\n{self.tail()}"
-        return json.loads(path.read_text())
-
-    def host(self) -> dict[str, Any]:
-        return next(h for h in self.fleet()["hosts"] if h["name"] == HOST)
-
-    def assert_green(self) -> None:
-        assert self.rc == 0, f"[{self.label}] rc={self.rc}\n{self.tail()}"
-        fleet = self.fleet()
-        assert fleet["green"] is True, (self.host(), self.tail())
-        assert fleet["check_mode"] is False
-
-    def started_stages(self) -> list[str]:
-        return re.findall(r"TASK \[stage : Start: (\w+)\]", self.stdout)
-
-    def lock_wait_s(self) -> float:
-        """The longest 'Take the host lock' task of this run (one per play)."""
-        return max(
-            s for name, s in task_durations(self.stdout) if name.endswith("Take the host lock")
-        )
 
 
 @dataclass
@@ -631,7 +574,7 @@ def test_4_a_second_run_on_a_busy_host(complete: Pipeline):
         assert expected in message, (expected, b1.tail())
     assert b1.started_stages() == [], b1.started_stages()
     assert "running: " not in message
-    b1_lock_s = b1.lock_wait_s()
+    b1_lock_s = lock_wait_s(b1)
     assert b1_lock_s < 10, f"B1 waited {b1_lock_s}s for the lock"
     assert not (b1.reports / "latest").exists(), "B1 wrote a report"
 
@@ -647,8 +590,8 @@ def test_4_a_second_run_on_a_busy_host(complete: Pipeline):
 
     after_a = complete.stamp_bytes()
     b2_run = b2.wait()
-    b2_run.assert_green()
-    b2_wait = b2_run.lock_wait_s()
+    b2_run.assert_green(artifact_tests=False)
+    b2_wait = lock_wait_s(b2_run)
     # B2 asked for the lock while A ran and got it only when A was done with the host.
     assert b2_wait > 20, f"B2 waited only {b2_wait}s"
     assert "is held by run" not in b2_run.text
@@ -712,7 +655,7 @@ def test_4_a_held_lock_stops_a_run_at_once_or_makes_it_wait(pipeline: Pipeline):
             "specfleet_lock_wait_s",
         ):
             assert expected in refused.text, (expected, refused.tail())
-        assert refused.lock_wait_s() < 10
+        assert lock_wait_s(refused) < 10
         assert json.loads(lock_file.read_text()) == lock, "the other run's lock was touched"
         assert not (fresh / "state" / "npu_env.json").exists(), "npu_env ran without the lock"
 
@@ -730,10 +673,10 @@ def test_4_a_held_lock_stops_a_run_at_once_or_makes_it_wait(pipeline: Pipeline):
         holder.kill()
         holder.wait()
     assert waited.rc == 0, waited.tail()
-    assert waited.lock_wait_s() > 10, waited.lock_wait_s()
+    assert lock_wait_s(waited) > 10, lock_wait_s(waited)
     assert (fresh / "state" / "npu_env.json").is_file()
     assert not lock_file.exists(), "the waiting run left its lock behind"
-    print(f"  refused after {refused.seconds:.1f}s; waited {waited.lock_wait_s():.1f}s for it")
+    print(f"  refused after {refused.seconds:.1f}s; waited {lock_wait_s(waited):.1f}s for it")
     shutil.rmtree(fresh)
 
 

@@ -36,16 +36,16 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import pytest
+from siteruns import Run, flat, port_free, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -55,7 +55,6 @@ INVENTORY = REPO / "inventory" / "local.yml"
 ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 CPU_VENV = REPO / ".work" / "local" / "venv"
 HELPERS = REPO / "python_helpers"
-HOST = "localhost"
 SERVE_PORT = 18100
 HIDDEN_STATES_PORT = 18101
 ROOT_NAME = "spec fleet root"
@@ -71,32 +70,6 @@ TIMINGS: list[tuple[str, float, str]] = []
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def flat(text: str) -> str:
-    """Whitespace collapsed: a message reads the same however the callback wrapped it."""
-    return " ".join(text.split())
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(every_s)
 
 
 def proc_state(pid: int) -> Optional[str]:
@@ -144,41 +117,6 @@ def read_json(path: Path) -> Optional[dict[str, Any]]:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-@dataclass
-class Run:
-    label: str
-    rc: int
-    stdout: str
-    seconds: float
-    reports: Path
-
-    @property
-    def text(self) -> str:
-        return flat(self.stdout)
-
-    def tail(self, lines: int = 80) -> str:
-        return "\n".join(self.stdout.splitlines()[-lines:])
-
-    def fleet(self) -> dict[str, Any]:
-        path = self.reports / "latest" / "fleet.json"
-        assert path.is_file(), f"[{self.label}] no report {path}\n{self.tail()}"
-        return json.loads(path.read_text())
-
-    def host(self) -> dict[str, Any]:
-        return next(h for h in self.fleet()["hosts"] if h["name"] == HOST)
-
-    def assert_green(self) -> None:
-        assert self.rc == 0, f"[{self.label}] rc={self.rc}\n{self.tail()}"
-        fleet = self.fleet()
-        assert fleet["green"] is True, (self.host(), self.tail())
-        tests = self.host()["artifact_tests"]
-        # The artifact suite (tests/artifacts) ran against the root and passed.
-        assert tests["passed"] > 0 and tests["failed"] == 0, tests
-
-    def started_stages(self) -> list[str]:
-        return re.findall(r"TASK \[stage : Start: (\w+)\]", self.stdout)
 
 
 @dataclass

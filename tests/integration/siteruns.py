@@ -1,0 +1,83 @@
+"""What the reliability modules (test_failures.py, test_interruptions.py) share: the result of
+one `ansible-playbook site.yml` run against localhost and the small waits and probes around
+it. Each module keeps its own Pipeline (work root, ports, how it starts runs)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+HOST = "localhost"
+STARTED_STAGE = re.compile(r"TASK \[stage : Start: (\w+)\]")
+
+
+def flat(text: str) -> str:
+    """Whitespace collapsed: a message reads the same however the callback wrapped it."""
+    return " ".join(text.split())
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.2) -> Any:
+    """check()'s first true value, polled every every_s; fails naming `what` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(every_s)
+
+
+@dataclass
+class Run:
+    """One finished site.yml run: its exit status, output and the reports it wrote."""
+
+    label: str
+    rc: int
+    stdout: str
+    seconds: float
+    reports: Path
+
+    @property
+    def text(self) -> str:
+        return flat(self.stdout)
+
+    def tail(self, lines: int = 80) -> str:
+        return "\n".join(self.stdout.splitlines()[-lines:])
+
+    def fleet(self) -> dict[str, Any]:
+        path = self.reports / "latest" / "fleet.json"
+        assert path.is_file(), f"[{self.label}] no report {path}\n{self.tail()}"
+        return json.loads(path.read_text())
+
+    def host(self) -> dict[str, Any]:
+        return next(h for h in self.fleet()["hosts"] if h["name"] == HOST)
+
+    def assert_green(self, artifact_tests: bool = True) -> None:
+        """Exit 0 and a green report (not a --check one); with artifact_tests, the testinfra
+        suite (tests/artifacts) ran against the root and passed."""
+        assert self.rc == 0, f"[{self.label}] rc={self.rc}\n{self.tail()}"
+        fleet = self.fleet()
+        assert fleet["green"] is True, (self.host(), self.tail())
+        assert fleet["check_mode"] is False
+        if artifact_tests:
+            tests = self.host()["artifact_tests"]
+            assert tests["passed"] > 0 and tests["failed"] == 0, tests
+
+    def started_stages(self) -> list[str]:
+        return STARTED_STAGE.findall(self.stdout)
