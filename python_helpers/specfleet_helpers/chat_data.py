@@ -410,7 +410,17 @@ def build_parser() -> argparse.ArgumentParser:
             " unless --input holds pre-tokenized rows, whose ids are then checked against it"
         ),
     )
-    parser.add_argument("--out", type=Path, required=True, help="JSONL file to write")
+    parser.add_argument(
+        "--out", type=Path, help="JSONL file to write (required unless --check-only)"
+    )
+    parser.add_argument(
+        "--check-only",
+        action="store_true",
+        help=(
+            "only parse and validate every row of --input (no model, nothing written): what"
+            " the settings check runs on the controller before any host work"
+        ),
+    )
     parser.add_argument(
         "--input",
         type=Path,
@@ -433,10 +443,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_only(path: Path) -> dict[str, Any]:
+    """Every row of a JSONL input parsed and validated, without a model: its kind and count."""
+    records = read_input(path)
+    return {"input": str(path), "rows": len(records), "kind": records[0].kind}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.check_only and args.input is None:
+        parser.error("--check-only needs --input")
+    if not args.check_only and args.out is None:
+        parser.error("--out is required (unless --check-only)")
     try:
-        result = build(args.out, args.model, args.input, args.smoke_rows, args.max_seq_length)
+        if args.check_only:
+            result = check_only(args.input)
+        else:
+            result = build(args.out, args.model, args.input, args.smoke_rows, args.max_seq_length)
     except DataError as exc:
         print(f"chat_data: {exc}", file=sys.stderr)
         return 2

@@ -16,12 +16,14 @@ was expected; and the work root must not exist afterwards, which proves no host 
   draft hidden size      a synthetic draft whose hidden_size differs from the verifier's
   port                   specfleet_serve_port=70000
   memory share           serve_gpu_memory_utilization=1.5
+  malformed data row     data_source=file with a JSONL file whose line 3 is not JSON (the
+                         error names the file and the line)
 
 and one good run: --check with good settings on a fresh root passes every role's settings
 check (the stages are planned as "would run") and creates nothing.
 
-A malformed data row and the hidden-size mismatch of real (downloaded) models are checked at
-run time by the helpers; tests/unit/test_chat_data.py and test_convert.py cover those.
+The hidden-size mismatch of real (downloaded) models is checked at run time by the helpers
+(tests/unit/test_convert.py), as are the rows of data the hosts build themselves.
 
 The runs take ~10-20 s each on 2 cores (the --check run ~30-70 s); they are started together,
 three at a time, when the first test of this module needs them. Run explicitly:
@@ -74,6 +76,8 @@ DRAFT = MODELS_DEFAULTS["models_synthetic_draft"]
 LAYERS = int(VERIFIER["num_layers"])
 BAD_LAYER_IDS = [1, 2, LAYERS + 3]
 BAD_DRAFT_HIDDEN = int(VERIFIER["hidden_size"]) // 2
+# Two good conversations, then a row that is not JSON (line 3).
+MALFORMED_DATA = REPO / "tests" / "fixtures" / "data" / "malformed-row.jsonl"
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,12 @@ CASES = (
         ("serve_gpu_memory_utilization=1.5",),
         "serve",
         ("serve_gpu_memory_utilization", "is 1.5", "expected a share in (0, 1]"),
+    ),
+    Case(
+        "malformed-data-row",
+        ("data_source=file", f"data_input_file={MALFORMED_DATA}"),
+        "data",
+        ("data_input_file", f"{MALFORMED_DATA}:3: ", "Expected one JSON object per line"),
     ),
 )
 

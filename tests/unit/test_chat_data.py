@@ -376,6 +376,33 @@ def test_main_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     assert json.loads(capsys.readouterr().out)["rows"] == 1
 
 
+def test_check_only_validates_rows_without_a_model_or_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    good = write_jsonl(tmp_path / "good.jsonl", [CHAT, CHAT])
+    assert main(["--check-only", "--input", str(good)]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "input": str(good),
+        "rows": 2,
+        "kind": "conversations",
+    }
+    bad = write_jsonl(tmp_path / "bad.jsonl", [CHAT, "{not json", CHAT])
+    assert main(["--check-only", "--input", str(bad)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"chat_data: {bad}:2: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "good.jsonl"]
+
+
+def test_check_only_needs_input_and_build_needs_out(capsys: pytest.CaptureFixture[str]):
+    with pytest.raises(SystemExit):
+        main(["--check-only"])
+    assert "--check-only needs --input" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([])
+    assert "--out is required" in capsys.readouterr().err
+
+
 # --- the real thing: CLI in the CPU venv with a tiny Qwen-style tokenizer --------------------
 
 BUILD_TOKENIZER = """
