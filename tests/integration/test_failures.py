@@ -23,8 +23,8 @@ a complete run; every test leaves it complete for the next one. It reuses the CP
      the lock file, and starts no stage, while A's stage (hidden_states, forced) runs on
      undisturbed and A ends green; with specfleet_lock_wait_s B waits for A, then succeeds.
      Quick forms on a fresh root: a lock held by a live process of this controller stops a
-     run at once, or makes it wait until released; a lock whose owner process is dead is
-     taken over, and the run says so.
+     run at once (the helpers in use are not replaced), or makes it wait until released; a
+     lock whose owner process is dead is taken over, and the run says so.
   5. serve_api_key: the key is in no ansible output, no file under the work root (scripts,
      logs, stamps, results) and no report; the work root has no group/world-writable file
      and its scripts are 0750 or stricter.
@@ -640,6 +640,10 @@ def test_4_a_held_lock_stops_a_run_at_once_or_makes_it_wait(pipeline: Pipeline):
     fresh = Path(extravars["specfleet_root"])
     lock_file = fresh / "run" / "lock.json"
     lock_file.parent.mkdir(parents=True)
+    # The helpers the lock holder runs: a refused run must not replace them under it.
+    in_use = fresh / "lib" / "specfleet_helpers.zip"
+    in_use.parent.mkdir()
+    in_use.write_bytes(b"the helpers of the run that holds the lock")
     holder = subprocess.Popen(["sleep", "600"])
     try:
         lock = lock_of(holder.pid)
@@ -658,6 +662,7 @@ def test_4_a_held_lock_stops_a_run_at_once_or_makes_it_wait(pipeline: Pipeline):
         assert lock_wait_s(refused) < 10
         assert json.loads(lock_file.read_text()) == lock, "the other run's lock was touched"
         assert not (fresh / "state" / "npu_env.json").exists(), "npu_env ran without the lock"
+        assert in_use.read_bytes() == b"the helpers of the run that holds the lock"
 
         # With specfleet_lock_wait_s the run waits; the holder releases after ~15 s.
         waiting = pipeline.start(
@@ -676,6 +681,9 @@ def test_4_a_held_lock_stops_a_run_at_once_or_makes_it_wait(pipeline: Pipeline):
     assert lock_wait_s(waited) > 10, lock_wait_s(waited)
     assert (fresh / "state" / "npu_env.json").is_file()
     assert not lock_file.exists(), "the waiting run left its lock behind"
+    # Once it held the lock, the waiting run put its own helpers in place.
+    assert in_use.read_bytes() == (REPO / ".cache" / "specfleet_helpers.zip").read_bytes()
+    assert sorted(p.name for p in in_use.parent.iterdir()) == ["specfleet_helpers.zip"]
     print(f"  refused after {refused.seconds:.1f}s; waited {lock_wait_s(waited):.1f}s for it")
     shutil.rmtree(fresh)
 
