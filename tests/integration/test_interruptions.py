@@ -22,7 +22,7 @@ it); the servers run on ports 18100 (serve) and 18101 (hidden states).
      the stage has a new run id, its artifacts verify, nothing of the root keeps running.
 
 Needs the controller venv (.venv) and the CPU venv (.work/local/venv: `make run` builds it;
-CI runs it first). Takes ~65 min on 2 cores shared with other runs (11 playbook runs, 6 of
+CI runs it first). Takes 37-65 min on 2 cores shared with other runs (11 playbook runs, 6 of
 them whole pipelines), hence `slow`: it runs with SPECFLEET_SLOW_TESTS=1 (conftest.py), i.e.
 `make test-reliability`. Prints the measured figures (pytest -s). Or on its own:
     SPECFLEET_SLOW_TESTS=1 .venv/bin/python -m pytest -q -s tests/integration/test_interruptions.py
