@@ -5,6 +5,7 @@ it. Each module keeps its own Pipeline (work root, ports, how it starts runs).""
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 HOST = "localhost"
+REPO = Path(__file__).resolve().parents[2]
 STARTED_STAGE = re.compile(r"TASK \[stage : Start: (\w+)\]")
 
 
@@ -29,6 +31,22 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def playbook_env() -> dict[str, str]:
+    """The environment of an ansible-playbook these modules start: the project's config,
+    plain output."""
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "PY_COLORS": "0",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_FORCE_COLOR": "0",
+    }
+    # Each ansible-playbook must record ITS pid in the host lock (the callback keeps an
+    # inherited one, for playbooks started from inside another).
+    env.pop("SPECFLEET_CONTROLLER_PID", None)
+    return env
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.2) -> Any:

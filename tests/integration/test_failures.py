@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from siteruns import Run, port_free, wait_for
+from siteruns import Run, playbook_env, port_free, wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -189,20 +189,6 @@ class Pipeline:
         ]
         return argv, reports
 
-    @staticmethod
-    def env() -> dict[str, str]:
-        env = {
-            **os.environ,
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "PY_COLORS": "0",
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_FORCE_COLOR": "0",
-        }
-        # Each ansible-playbook must record ITS pid in the host lock (the callback keeps an
-        # inherited one, for playbooks started from inside another).
-        env.pop("SPECFLEET_CONTROLLER_PID", None)
-        return env
-
     def start(self, label: str, extravars: dict[str, Any], tags: Optional[str] = None) -> Started:
         argv, reports = self.command(label, extravars, tags)
         log = self.base / f"{label}.log"
@@ -210,7 +196,7 @@ class Pipeline:
         proc = subprocess.Popen(
             argv,
             cwd=REPO,
-            env=self.env(),
+            env=playbook_env(),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from siteruns import Run, flat, port_free, wait_for
+from siteruns import Run, flat, playbook_env, port_free, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -192,21 +192,11 @@ class Pipeline:
                 }
             ),
         ]
-        env = {
-            **os.environ,
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "PY_COLORS": "0",
-            "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_FORCE_COLOR": "0",
-        }
-        # Each ansible-playbook must record ITS pid in the host lock (the callback keeps an
-        # inherited one, for playbooks started from inside another).
-        env.pop("SPECFLEET_CONTROLLER_PID", None)
         with log.open("w") as out:
             proc = subprocess.Popen(
                 argv,
                 cwd=REPO,
-                env=env,
+                env=playbook_env(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
