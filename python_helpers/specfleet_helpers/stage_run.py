@@ -41,6 +41,10 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 KILL_GRACE_S = DEFAULT_GRACE_S
 
 
+# How often a --wait status looks again: ends are seen within this, at a few stat() calls.
+_WAIT_STEP_S = 0.25
+
+
 def _paths(run_dir: Path, name: str) -> dict[str, Path]:
     return {
         "pid": run_dir / f"{name}.pid",
@@ -216,7 +220,19 @@ def start(script: Path, log: Path, run_dir: Path, name: str, timeout_s: float) -
     return {"name": name, "started": True, "pid": info.get("pid"), "stopped_stale": stopped_stale}
 
 
-def status(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any]:
+def status(log: Path, run_dir: Path, name: str, tail: int, wait_s: float = 0.0) -> dict[str, Any]:
+    """The stage's state. With ``wait_s``, a running stage is watched for up to that long and
+    its end is reported as soon as it comes: Ansible polls with a short delay between calls
+    instead of sleeping a fixed interval past a stage that already ended."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        result = _status_now(log, run_dir, name, tail)
+        if result["state"] != "running" or time.monotonic() >= deadline:
+            return result
+        time.sleep(min(_WAIT_STEP_S, max(0.0, deadline - time.monotonic())))
+
+
+def _status_now(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any]:
     paths = _paths(run_dir, name)
     done = read_json(paths["status"])
     if done is not None:
@@ -288,6 +304,12 @@ def main(argv: Optional[list[str]] = None) -> int:
                 "--lock", type=Path, help="host lock to keep fresh while the stage runs (host_lock)"
             )
             p.add_argument("--lock-token", help="this run's token for --lock")
+            p.add_argument(
+                "--wait",
+                type=float,
+                default=0.0,
+                help="seconds to watch a running stage before answering (early when it ends)",
+            )
     args = parser.parse_args(argv)
     if args.command == "start":
         if not args.script.is_file():
@@ -299,7 +321,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             held = host_lock.heartbeat(args.lock, args.lock_token)
             if not held["held"]:
                 print(held.get("message", f"host lock {args.lock} lost"), file=sys.stderr)
-        result = status(args.log, args.run_dir, args.name, args.tail)
+        result = status(args.log, args.run_dir, args.name, args.tail, args.wait)
     else:
         result = stop(args.run_dir, args.name)
     print(json.dumps(result))

@@ -150,6 +150,30 @@ def test_running_status_shows_step_and_last_line(stages):
     assert stage_run.stop(stage.run_dir, stage.name) == {"name": "serve", "stopped": True}
 
 
+def test_status_wait_reports_the_end_as_soon_as_it_comes(stages):
+    stage = stages("convert")
+    stage.write('touch "$0.ready"\nsleep 1\necho done\n')
+    stage.start_cli()
+    assert wait_until(Path(f"{stage.script}.ready").exists, 10)
+    t0 = time.monotonic()
+    result = stage_run.status(stage.log, stage.run_dir, stage.name, 5, wait_s=30)
+    waited = time.monotonic() - t0
+    assert result["state"] == "finished" and result["rc"] == 0
+    # Seen within a poll step of the end, not after the whole 30 s.
+    assert waited < 5, waited
+
+
+def test_status_wait_answers_running_once_the_wait_is_over(stages):
+    stage = stages("train")
+    stage.write('touch "$0.ready"\nexec sleep 30\n')
+    stage.start_cli()
+    assert wait_until(Path(f"{stage.script}.ready").exists, 10)
+    t0 = time.monotonic()
+    result = stage_run.status(stage.log, stage.run_dir, stage.name, 5, wait_s=0.6)
+    assert result["state"] == "running"
+    assert 0.5 <= time.monotonic() - t0 < 5
+
+
 def test_timeout_stops_the_script_and_its_children(stages):
     stage = stages("slow")
     child_pid_file = stage.tmp / "child.pid"
