@@ -29,6 +29,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.integration
 
@@ -48,11 +49,18 @@ RUN_TIMEOUT_S = 600
 HOSTS = {"a2-node01": "atlas-a2", "a3-node01": "atlas-a3", "a950-node01": "ascend-950"}
 STAGES = ("convert", "data", "hidden_states", "train", "serve")
 TEMPLATE_TASK = re.compile(r"^(?:stage : )?Template the stage script: (\w+)$")
-IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0"
+_VERSIONS = yaml.safe_load((REPO / "group_vars" / "all" / "versions.yml").read_text())
+# The image repository and release the groups' tag suffixes are added to.
+IMAGE = (
+    f"{_VERSIONS['specfleet_vllm_ascend_image_repo']}:"
+    f"{_VERSIONS['specfleet_vllm_ascend_image_version']}"
+)
 
 
-def render() -> dict[str, dict[str, str]]:
-    """{group: {stage: script}} from one --check --diff run of render.yml."""
+def render(run_dir: Path) -> dict[str, dict[str, str]]:
+    """{group: {stage: script}} from one --check --diff run of render.yml. The scripts would be
+    templated into run_dir (absent: the diff then holds each whole script), whatever a real
+    work root on this machine holds; their content keeps the default work root's paths."""
     env = {
         **os.environ,
         "PATH": f"{ANSIBLE_PLAYBOOK.parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
@@ -63,6 +71,7 @@ def render() -> dict[str, dict[str, str]]:
         "ANSIBLE_NOCOLOR": "1",
     }
     argv = [str(ANSIBLE_PLAYBOOK), str(PLAYBOOK), "-i", str(INVENTORY), "--check", "--diff"]
+    argv += ["-e", f"stage_run_dir={run_dir}"]
     proc = subprocess.run(
         argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
     )
@@ -89,10 +98,10 @@ def render() -> dict[str, dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def rendered() -> dict[str, dict[str, str]]:
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     if not os.access(ANSIBLE_PLAYBOOK, os.X_OK):
         pytest.skip(f"no controller venv: {ANSIBLE_PLAYBOOK} (make setup)")
-    scripts = render()
+    scripts = render(tmp_path_factory.mktemp("golden") / "run")
     for group, stages in scripts.items():
         assert sorted(stages) == sorted(STAGES), f"{group}: rendered {sorted(stages)}"
     return scripts
@@ -150,7 +159,7 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
     suffix, devices, visible = EXPECTED[group]
     scripts = rendered[group]
     for stage, script in scripts.items():
-        assert f"# expects the vllm-ascend image {IMAGE}{suffix}\n" in script, (group, stage)
+        assert f"# Expects the vllm-ascend image {IMAGE}{suffix}\n" in script, (group, stage)
         assert f"# NPU host of {group}" in script, (group, stage)
     for stage in ("hidden_states", "train", "serve"):
         script = scripts[stage]
