@@ -10,6 +10,11 @@ was expected; and the work root must not exist afterwards, which proves no host 
   wrong type             train_epochs=abc
   out of range           train_epochs=0
   vllm-ascend's limit    serve_num_speculative_tokens=16 with specfleet_accelerator=npu
+  the batch it needs     serve_max_num_batched_tokens below serve_max_num_seqs x (1 + tokens), or
+                         empty on npu (vllm-ascend's 2048 default is too small for dflash)
+  context vs data rows   hidden_states_max_model_len=4096 while data_seq_length is 8192 (npu), and
+                         hidden_states_max_num_batched_tokens below the context (no chunked prefill)
+  torchrun processes     train_nproc_per_node=2 with specfleet_npu_devices [0]
   unknown sources        models_source, speculators_install_source
   layer ids              hidden_states_target_layer_ids / train_target_layer_ids with an id
                          >= the synthetic verifier's layer count (known before any model exists)
@@ -19,8 +24,10 @@ was expected; and the work root must not exist afterwards, which proves no host 
   malformed data row     data_source=file with a JSONL file whose line 3 is not JSON (the
                          error names the file and the line)
 
-and one good run: --check with good settings on a fresh root passes every role's settings
-check (the stages are planned as "would run") and creates nothing.
+and good runs: --check with good settings on a fresh root passes every role's settings
+check (the stages are planned as "would run") and creates nothing; and 15 speculative tokens on
+npu (vllm-ascend asserts 1 + k <= 16) pass the serve settings check (that run stops later, in
+npu_env, as this machine has no NPU).
 
 The hidden-size mismatch of real (downloaded) models is checked at run time by the helpers
 (tests/unit/test_convert.py), as are the rows of data the hosts build themselves.
@@ -68,6 +75,7 @@ STAGE_ROLES = (
 RUN_TIMEOUT_S = 600
 PARALLEL_RUNS = 3
 CHECK_TEST = "test_check_mode_with_good_settings_creates_nothing"
+ACCEPT_TEST = "test_fifteen_speculative_tokens_pass_the_npu_settings_check"
 
 # The synthetic models the CPU profile builds (models_source auto -> synthetic on cpu).
 MODELS_DEFAULTS = yaml.safe_load((REPO / "roles" / "models" / "defaults" / "main.yml").read_text())
@@ -109,7 +117,69 @@ CASES = (
         "speculative-tokens-over-the-npu-limit",
         ("specfleet_accelerator=npu", "serve_num_speculative_tokens=16"),
         "serve",
-        ("serve_num_speculative_tokens", "is 16", "expected 1..14", "+ 1 <= 15"),
+        ("serve_num_speculative_tokens", "is 16", "expected 1..15", "+ 1 <= 16"),
+    ),
+    Case(
+        "batched-tokens-below-sequences-times-speculative-tokens",
+        (
+            "specfleet_accelerator=npu",
+            "serve_num_speculative_tokens=15",
+            "serve_max_num_batched_tokens=2048",
+        ),
+        "serve",
+        (
+            "serve_max_num_batched_tokens is 2048",
+            "expected at least serve_max_num_seqs 256",
+            "serve_num_speculative_tokens 15",
+            "= 4096",
+            "#12940",
+        ),
+    ),
+    Case(
+        "batched-tokens-left-to-vllm-ascend-on-npu",
+        ("specfleet_accelerator=npu", "serve_max_num_batched_tokens="),
+        "serve",
+        (
+            "serve_max_num_batched_tokens is empty",
+            "expected a count on the npu profile",
+            "too small for dflash",
+        ),
+    ),
+    Case(
+        "hidden-states-context-shorter-than-the-data-rows",
+        ("specfleet_accelerator=npu", "hidden_states_max_model_len=4096"),
+        "hidden_states",
+        (
+            "hidden_states_max_model_len is 4096",
+            "data_seq_length is 8192",
+            "expected at least 8193 (data_seq_length + 1)",
+            "max_tokens=1",
+        ),
+    ),
+    Case(
+        "hidden-states-batch-smaller-than-the-context",
+        ("specfleet_accelerator=npu", "hidden_states_max_num_batched_tokens=4096"),
+        "hidden_states",
+        (
+            "hidden_states_max_num_batched_tokens is 4096",
+            "expected at least the context length",
+            "data_seq_length 8192 + 1) is 8193",
+        ),
+    ),
+    Case(
+        "torchrun-processes-beyond-the-devices-used",
+        (
+            "specfleet_accelerator=npu",
+            "train_nproc_per_node=2",
+            as_json({"specfleet_npu_devices": [0]}),
+        ),
+        "train",
+        (
+            "train_nproc_per_node is 2",
+            # "... 1 devices of train_visible_devices (0)" on the host runtime, "... 1 devices
+            # used (specfleet_npu_devices: [0] ...)" in the container, which mounts only those
+            "expected at most the 1 devices",
+        ),
     ),
     Case(
         "unknown-models-source",
@@ -292,6 +362,16 @@ def runs(
         # The longest first.
         if CHECK_TEST in selected:
             futures[CHECK_TEST] = pool.submit(good_run, tmp)
+        if ACCEPT_TEST in selected:
+            futures[ACCEPT_TEST] = pool.submit(
+                play,
+                tmp,
+                "fifteen-speculative-tokens",
+                ("specfleet_accelerator=npu", "serve_num_speculative_tokens=15"),
+                "--check",
+                "--tags",
+                "serve",
+            )
         for case in CASES:
             if f"test_bad_input_stops_the_run_before_host_work[{case.id}]" in selected:
                 futures[case.id] = pool.submit(play, tmp, case.id, case.extravars)
@@ -341,3 +421,19 @@ def test_check_mode_with_good_settings_creates_nothing(runs: dict[str, Future[Ru
     recap = re.search(rf"^{HOST}\s+:.*\bfailed=(\d+)", run.stdout, re.M)
     assert recap and recap.group(1) == "0", run.tail()
     assert not run.root.exists(), f"--check created the work root {run.root}\n{run.tail()}"
+
+
+def test_fifteen_speculative_tokens_pass_the_npu_settings_check(
+    runs: dict[str, Future[Run]],
+) -> None:
+    """vllm-ascend's attention backends assert 1 + k <= 16: k = 15 is valid on npu."""
+    run = result(runs, ACCEPT_TEST)
+    header = "TASK [serve : Check the serve settings: "
+    assert header in run.stdout, run.tail()
+    after = run.stdout.split(header, 1)[1].split("\nTASK [", 1)[0]
+    assert f"ok: [{HOST}]" in after and f"fatal: [{HOST}]" not in after, (
+        f"the serve settings check refused 15 speculative tokens on npu:\n{after}\n{run.tail()}"
+    )
+    # The run may stop later (this machine has no NPU for npu_env), never in a settings check.
+    assert "/tasks/settings.yml" not in run.failed_task(), run.tail()
+    assert not run.failed_task().startswith("TASK [serve : "), run.tail()

@@ -1,0 +1,199 @@
+"""The NPU stage scripts of one host of each hardware group, kept as reviewed golden files.
+
+tests/golden/render.yml renders them the way a run does: one real `ansible-playbook --check
+--diff` against tests/golden/inventory.yml (a2-node01 in atlas-a2, the runbook's one-card host
+on the host runtime; a3-node01 in atlas-a3; a950-node01 in ascend-950), with the repo's
+group_vars, the roles' defaults and settings checks, and each stage role's own task file, whose
+stage/run.yml "Template the stage script" task would write the script; --diff gives its
+content. Only what npu_env and the upstream stages would find on an NPU host is mocked (MOCK
+facts in render.yml and the inventory: there is no NPU here).
+
+The scripts are compared with tests/golden/npu/<group>/<stage>.sh, so any change to an NPU
+command line shows up as a diff. Review the diff; when it is what you meant, regenerate all of
+them with one command and commit the result:
+
+    SPECFLEET_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/integration/test_golden_scripts.py -q
+
+A second test asserts what each group must get in its scripts (devices, torchrun processes,
+image, context and batch sizes), so a regenerated golden set cannot quietly lose them.
+The render takes ~15-25 s on 2 idle cores.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
+GOLDEN = REPO / "tests" / "golden"
+PLAYBOOK = GOLDEN / "render.yml"
+INVENTORY = GOLDEN / "inventory.yml"
+GOLDEN_NPU = GOLDEN / "npu"
+UPDATE = os.environ.get("SPECFLEET_UPDATE_GOLDEN") == "1"
+REGENERATE = (
+    "SPECFLEET_UPDATE_GOLDEN=1 .venv/bin/python -m pytest "
+    "tests/integration/test_golden_scripts.py -q"
+)
+RUN_TIMEOUT_S = 600
+# host -> group (tests/golden/inventory.yml)
+HOSTS = {"a2-node01": "atlas-a2", "a3-node01": "atlas-a3", "a950-node01": "ascend-950"}
+STAGES = ("convert", "data", "hidden_states", "train", "serve")
+TEMPLATE_TASK = re.compile(r"^(?:stage : )?Template the stage script: (\w+)$")
+_VERSIONS = yaml.safe_load((REPO / "group_vars" / "all" / "versions.yml").read_text())
+# The image repository and release the groups' tag suffixes are added to.
+IMAGE = (
+    f"{_VERSIONS['specfleet_vllm_ascend_image_repo']}:"
+    f"{_VERSIONS['specfleet_vllm_ascend_image_version']}"
+)
+
+
+def render(run_dir: Path) -> dict[str, dict[str, str]]:
+    """{group: {stage: script}} from one --check --diff run of render.yml. The scripts would be
+    templated into run_dir (absent: the diff then holds each whole script), whatever a real
+    work root on this machine holds; their content keeps the default work root's paths."""
+    env = {
+        **os.environ,
+        "PATH": f"{ANSIBLE_PLAYBOOK.parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
+        # Only the JSON on stdout (profile_tasks and the progress callback print too).
+        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    argv = [str(ANSIBLE_PLAYBOOK), str(PLAYBOOK), "-i", str(INVENTORY), "--check", "--diff"]
+    argv += ["-e", f"stage_run_dir={run_dir}"]
+    proc = subprocess.run(
+        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+    try:
+        report = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        output = f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        pytest.fail(f"$ {' '.join(argv)}\nrc={proc.returncode}\n{output}")
+    failed = {host: s for host, s in report["stats"].items() if s["failures"] or s["unreachable"]}
+    scripts: dict[str, dict[str, str]] = {group: {} for group in HOSTS.values()}
+    errors = []
+    for play in report["plays"]:
+        for task in play["tasks"]:
+            found = TEMPLATE_TASK.match(task["task"]["name"])
+            for host, result in task["hosts"].items():
+                if result.get("failed"):
+                    errors.append(f"{host}: {task['task']['name']}: {result.get('msg')}")
+                if found and not result.get("skipped"):
+                    scripts[HOSTS[host]][found.group(1)] = result["diff"][0]["after"]
+    assert not failed and proc.returncode == 0, (
+        f"render.yml failed (rc {proc.returncode}) on {sorted(failed)}:\n" + "\n".join(errors)
+    )
+    return scripts
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
+    if not os.access(ANSIBLE_PLAYBOOK, os.X_OK):
+        pytest.skip(f"no controller venv: {ANSIBLE_PLAYBOOK} (make setup)")
+    scripts = render(tmp_path_factory.mktemp("golden") / "run")
+    for group, stages in scripts.items():
+        assert sorted(stages) == sorted(STAGES), f"{group}: rendered {sorted(stages)}"
+    return scripts
+
+
+def test_npu_scripts_match_the_golden_files(rendered: dict[str, dict[str, str]]) -> None:
+    if UPDATE:
+        for group, stages in rendered.items():
+            folder = GOLDEN_NPU / group
+            folder.mkdir(parents=True, exist_ok=True)
+            for stale in set(p.name for p in folder.glob("*.sh")) - {f"{s}.sh" for s in stages}:
+                (folder / stale).unlink()
+            for stage, script in stages.items():
+                (folder / f"{stage}.sh").write_text(script)
+    problems = []
+    for group, stages in rendered.items():
+        for stage, script in sorted(stages.items()):
+            path = GOLDEN_NPU / group / f"{stage}.sh"
+            golden = path.read_text() if path.is_file() else ""
+            if script != golden:
+                diff = difflib.unified_diff(
+                    golden.splitlines(keepends=True),
+                    script.splitlines(keepends=True),
+                    fromfile=f"{path.relative_to(REPO)} (golden)",
+                    tofile=f"{group}/{stage}.sh (rendered now)",
+                )
+                problems.append("".join(diff) if golden else f"{path.relative_to(REPO)} is missing")
+    extra = sorted(
+        str(p.relative_to(REPO))
+        for p in GOLDEN_NPU.glob("*/*.sh")
+        if p.stem not in rendered.get(p.parent.name, {})
+    )
+    problems += [f"{p}: golden file of a script that is no longer rendered" for p in extra]
+    assert not problems, (
+        f"the NPU scripts changed; review the diff, then regenerate with\n  {REGENERATE}\n\n"
+        + "\n".join(problems)
+    )
+
+
+def lines(script: str, pattern: str) -> list[str]:
+    """The script's lines matching pattern, indentation removed."""
+    return [line.strip() for line in script.splitlines() if re.search(pattern, line.strip())]
+
+
+# group -> (image tag suffix, devices used, ASCEND_RT_VISIBLE_DEVICES exported or None = unset)
+EXPECTED = {
+    "atlas-a2": ("", 1, "0"),
+    "atlas-a3": ("-a3", 16, None),
+    "ascend-950": ("-a5", 8, None),
+}
+
+
+@pytest.mark.parametrize("group", sorted(EXPECTED))
+def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], group: str) -> None:
+    suffix, devices, visible = EXPECTED[group]
+    scripts = rendered[group]
+    for stage, script in scripts.items():
+        assert f"# Expects the vllm-ascend image {IMAGE}{suffix}\n" in script, (group, stage)
+        assert f"# NPU host of {group}" in script, (group, stage)
+    for stage in ("hidden_states", "train", "serve"):
+        script = scripts[stage]
+        exported = lines(script, r"^export ASCEND_RT_VISIBLE_DEVICES=")
+        unset = lines(script, r"^unset ASCEND_RT_VISIBLE_DEVICES$")
+        if visible is None:
+            assert not exported and unset, (group, stage, exported)
+        else:
+            assert exported == [f"export ASCEND_RT_VISIBLE_DEVICES={visible}"] and not unset, (
+                group,
+                stage,
+            )
+        assert f"using {devices} device" in script, (group, stage)
+    train = scripts["train"]
+    torchrun = f'"$PY" -m torch.distributed.run --standalone --nproc_per_node={devices}'
+    assert lines(train, r"torch\.distributed\.run") == [
+        f'{torchrun} -m speculators.train "${{ARGS[@]}}"'
+    ]
+    assert not lines(train, r"^\s*torchrun\b"), "a bare torchrun from PATH"
+    hidden = scripts["hidden_states"]
+    # data_seq_length 8192 + the one token generate-offline-data asks for
+    assert lines(hidden, r"^--max-model-len ") == ["--max-model-len 8193 \\"]
+    assert lines(hidden, r"^--max-num-batched-tokens ") == ["--max-num-batched-tokens 8193 \\"]
+    assert lines(hidden, r"^--max-num-seqs ") == ["--max-num-seqs 256 \\"]
+    assert lines(hidden, r"^--gpu-memory-utilization ") == ["--gpu-memory-utilization 0.9 \\"]
+    serve = scripts["serve"]
+    assert lines(serve, r"^--max-num-batched-tokens ") == ["--max-num-batched-tokens 8192 \\"]
+    assert lines(serve, r"^--max-num-seqs ") == ["--max-num-seqs 256 \\"]
+    assert lines(serve, r"^--gpu-memory-utilization ") == ["--gpu-memory-utilization 0.85 \\"]
+
+
+def test_the_groups_scripts_differ(rendered: dict[str, dict[str, str]]) -> None:
+    for stage in STAGES:
+        texts = {group: rendered[group][stage] for group in EXPECTED}
+        assert len(set(texts.values())) == len(texts), (
+            f"{stage}.sh renders the same for {sorted(texts)}"
+        )
