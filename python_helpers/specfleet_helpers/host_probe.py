@@ -1,5 +1,6 @@
 """Measure what the preflight checks compare against thresholds: free disk under the work
-root, free RAM, CPU flags, a Python interpreter's version, and whether ports are free.
+root and on the filesystem of each other path given (the ModelScope cache), free RAM, CPU
+flags, a Python interpreter's version, and whether ports are free.
 
 Only measures; the thresholds and the pass/fail decision live in the npu_env role, so the
 messages a user sees name the Ansible variable to change. Standard library only: this runs
@@ -33,6 +34,33 @@ def existing_ancestor(path: Path) -> Path:
 
 def disk_free_gb(path: Path) -> float:
     return round(shutil.disk_usage(existing_ancestor(path)).free / GIB, 2)
+
+
+def mount_point(path: Path) -> Path:
+    """The top directory of the filesystem holding an existing path (st_dev changes above it)."""
+    path = path.absolute()
+    device = path.stat().st_dev
+    while path != path.parent and path.parent.stat().st_dev == device:
+        path = path.parent
+    return path
+
+
+def filesystem(path: str) -> dict[str, Any]:
+    """Free space of the filesystem that holds `path`, or will once it is created.
+
+    The device id tells whether two paths share a filesystem: the preflight then needs their
+    requirements together on it, not each one alone.
+    """
+    measured = existing_ancestor(Path(path))
+    usage = shutil.disk_usage(measured)
+    return {
+        "path": path,
+        "measured": str(measured),
+        "device": measured.stat().st_dev,
+        "mount": str(mount_point(measured)),
+        "free_gb": round(usage.free / GIB, 2),
+        "total_gb": round(usage.total / GIB, 2),
+    }
 
 
 def meminfo(text: Optional[str] = None) -> dict[str, float]:
@@ -138,7 +166,12 @@ def port_free(host: str, port: int) -> bool:
 
 
 def probe(
-    root: Path, host: str, ports: list[int], pythons: list[str], tools: list[str]
+    root: Path,
+    host: str,
+    ports: list[int],
+    pythons: list[str],
+    tools: list[str],
+    disks: Optional[list[str]] = None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {
         "tools": {tool: shutil.which(tool) for tool in tools},
@@ -148,6 +181,8 @@ def probe(
         "cpu_flags": cpu_flags(),
         "disk_path": str(existing_ancestor(root)),
         "disk_free_gb": disk_free_gb(root),
+        # The work root first, then each path asked for, as given (the role looks them up so).
+        "disks": [filesystem(str(root))] + [filesystem(path) for path in disks or []],
         "ports": [],
         "pythons": [python_version(p) for p in pythons],
     }
@@ -176,8 +211,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument(
         "--tool", action="append", default=[], help="command to look up on PATH (repeat)"
     )
+    parser.add_argument(
+        "--disk",
+        action="append",
+        default=[],
+        help="another path whose filesystem to measure, e.g. the ModelScope cache (repeat)",
+    )
     args = parser.parse_args(argv)
-    report = probe(args.root, args.bind_host, args.port, args.python, args.tool)
+    report = probe(args.root, args.bind_host, args.port, args.python, args.tool, args.disk)
     print(json.dumps(report, sort_keys=True))
     return 0
 

@@ -222,10 +222,11 @@ class MockNpuHost:
             "npu_env_npu_smi": str(MOCK_NPU_SMI),
             "specfleet_cann_env_files": self.cann_env_files,
             "specfleet_npu_python": str(self.npu_python),
-            # This machine is not an A2 server: group_vars' npu thresholds (60 GB disk, 32 GB
-            # RAM) say nothing about the mock. Low values keep the run about the NPU path;
+            # This machine is not an A2 server: group_vars' npu thresholds (40 + 20 GB disk,
+            # 32 GB RAM) say nothing about the mock. Low values keep the run about the NPU path;
             # the disk case overrides them with extra vars.
             "specfleet_disk_required_gb": {"npu": 1, "cpu": 1},
+            "specfleet_models_disk_required_gb": {"npu": 1, "cpu": 1},
             "specfleet_ram_required_gb": {"npu": 1, "cpu": 1},
             **self.ports,
         }

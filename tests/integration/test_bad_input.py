@@ -16,6 +16,7 @@ was expected; and the work root must not exist afterwards, which proves no host 
                          hidden_states_max_num_batched_tokens below the context (no chunked prefill)
   torchrun processes     train_nproc_per_node=2 with specfleet_npu_devices [0]
   unknown sources        models_source, speculators_install_source
+  ModelScope cache       models_cache_dir not absolute; specfleet_models_disk_required_gb < 0
   layer ids              hidden_states_target_layer_ids / train_target_layer_ids with an id
                          >= the synthetic verifier's layer count (known before any model exists)
   draft hidden size      a synthetic draft whose hidden_size differs from the verifier's
@@ -188,6 +189,24 @@ CASES = (
         (
             "models_source must be one of: auto, modelscope, local, controller, synthetic",
             "got: huggingface",
+        ),
+    ),
+    Case(
+        "models-cache-dir-not-absolute",
+        ("models_source=modelscope", "models_cache_dir=relative/hub"),
+        "models",
+        (
+            'models_cache_dir (specfleet_modelscope_cache) is "relative/hub"',
+            "expected the absolute path of the modelscope cache",
+        ),
+    ),
+    Case(
+        "models-disk-below-0",
+        (as_json({"specfleet_models_disk_required_gb": {"npu": 20, "cpu": -1}}),),
+        "npu_env",
+        (
+            "npu_env_models_disk_required_gb.cpu (specfleet_models_disk_required_gb.cpu) is -1",
+            "expected GB >= 0",
         ),
     ),
     Case(

@@ -7,7 +7,8 @@ local server speaking the part of ModelScope's API that snapshot_download uses a
 a tiny verifier and DFlash draft synthesized once per module as Qwen/Qwen3-8B and
 z-lab/Qwen3-8B-DFlash-b16.
 
-  a. download: the play succeeds, the stamp's artifacts are in models_cache_dir, metrics
+  a. download: the play succeeds, the stamp's artifacts are where the runbook's own
+     `snapshot_download(id)` puts them (<models_cache_dir>/models/<org>/<name>), metrics
      recorded, the downloaded weights are byte-identical to the served ones
   b. the same again: changed=0 and not one request reaches the server
   c. the verifier's weights fail part-way on every attempt of the first play: the play fails
@@ -15,6 +16,14 @@ z-lab/Qwen3-8B-DFlash-b16.
      play resumes (Range from the partial file) and fetches none of the draft's files again
   d. with models_modelscope_token: the token is in no output, event, stamp or work-root file
   e. source local: the given directories are used as they are; a truncated weight file fails
+  f. a host that followed the runbook (its `snapshot_download(id)`, no cache_dir, as root:
+     ~/.cache/modelscope/hub/models/<org>/<name>, with modelscope's .msc/.mv/.mdl beside
+     the files): not one file is requested again, and those directories are the models
+  g. a copy an older specfleet left at <models_cache_dir>/<org>/<name> (cache_dir= layout)
+     is moved into the runbook's layout, not downloaded again
+  h. the disk preflight measures the cache's filesystem: more space required for the models
+     than it has stops the host before any request, naming the cache path and the variables;
+     with the cache on another filesystem than the work root, only the cache is blamed
 
 Needs the CPU venv (modelscope, torch, transformers; `make run` builds it at .work/local/venv,
 or point SPECFLEET_TEST_VENV at one). Run explicitly:
@@ -30,6 +39,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -61,8 +71,15 @@ TOKEN = "sekrit-token-123"
 # on 6 requests in a row for snapshot_download (and the play) to fail. The retries back off
 # 0+2+4+8+16 s.
 CLIENT_ATTEMPTS = 6
-# Where modelscope keeps partial downloads under the cache dir (TEMPORARY_FOLDER_NAME).
+# Where modelscope keeps partial downloads under its model store (TEMPORARY_FOLDER_NAME).
 MODELSCOPE_TEMP = "._____temp"
+# modelscope 1.37.0 with no cache_dir (the runbook's call) keeps models in
+# $MODELSCOPE_CACHE/models/<org>/<name>; MODELSCOPE_CACHE defaults to ~/.cache/modelscope/hub.
+RUNBOOK_STORE = "models"
+RUNBOOK_CACHE = Path(".cache", "modelscope", "hub")
+# What modelscope writes beside a model's files: the index of cached files (.msc), the
+# model's id (.mdl) and revision (.mv). With them a directory counts as a complete download.
+MODELSCOPE_INDEX = (".msc", ".mdl", ".mv")
 # A play takes ~30 s here (plus ~30 s of modelscope back-off in case c); this only stops a
 # hung run. Other tests and molecule may share the 2 cores.
 RUN_TIMEOUT_S = 1200
@@ -243,6 +260,10 @@ class ModelsHost:
         }
         self.inventory = self.tmp / "inventory.yml"
         self.inventory.write_text(yaml.safe_dump({"all": {"hosts": {HOST: hostvars}}}))
+
+    def store(self, model_id: str) -> Path:
+        """Where the runbook's snapshot_download(model_id) keeps the model in this cache."""
+        return self.cache / RUNBOOK_STORE / model_id
 
     @property
     def stamp_file(self) -> Path:
@@ -508,9 +529,13 @@ def test_a_modelscope_download(
     assert play.ok, f"play failed\n{play.tail()}\n{shared_host.log_file}"
     print(describe_requests(hub))
 
-    verifier = shared_host.cache / VERIFIER_ID
-    draft = shared_host.cache / DRAFT_ID
+    # The runbook's layout, so a later runbook call (or vLLM with VLLM_USE_MODELSCOPE) finds it.
+    verifier = shared_host.store(VERIFIER_ID)
+    draft = shared_host.store(DRAFT_ID)
     assert_recorded_models(shared_host, tiny, verifier, draft)
+    assert not (shared_host.cache / VERIFIER_ID).exists(), "the cache_dir= layout was used"
+    for model in (verifier, draft):
+        assert all((model / name).is_file() for name in MODELSCOPE_INDEX), sorted(model.iterdir())
     assert_same_files(tiny, VERIFIER_ID, verifier)
     assert_same_files(tiny, DRAFT_ID, draft)
     # Every served file was fetched once, whole, through the file endpoint.
@@ -572,7 +597,7 @@ def test_c_failure_part_way_then_resume(
     assert len(weights) == CLIENT_ATTEMPTS and all(r.cut_short for r in weights)
     assert hub.pending_failures() == {}
     assert sorted(r.file or "" for r in hub.downloads(DRAFT_ID)) == served_files(tiny, DRAFT_ID)
-    partial = host.cache / MODELSCOPE_TEMP / VERIFIER_ID / WEIGHTS
+    partial = host.cache / RUNBOOK_STORE / MODELSCOPE_TEMP / VERIFIER_ID / WEIGHTS
     full_size = (tiny.served(VERIFIER_ID) / WEIGHTS).stat().st_size
     assert partial.is_file() and 0 < partial.stat().st_size < full_size
     partial_size = partial.stat().st_size
@@ -582,7 +607,7 @@ def test_c_failure_part_way_then_resume(
     second = host.play("c-resumes", host.modelscope_vars(hub))
     print(describe_requests(hub))
     assert second.ok, f"play failed\n{second.tail()}"
-    verifier, draft = host.cache / VERIFIER_ID, host.cache / DRAFT_ID
+    verifier, draft = host.store(VERIFIER_ID), host.store(DRAFT_ID)
     assert_recorded_models(host, tiny, verifier, draft)
     assert_same_files(tiny, VERIFIER_ID, verifier)
     assert_same_files(tiny, DRAFT_ID, draft)
@@ -602,7 +627,7 @@ def test_d_token_not_logged(fresh_host: ModelsHost, hub: FakeModelScope, tiny: T
     hub.reset()
     play = host.play("d-token", host.modelscope_vars(hub, models_modelscope_token=TOKEN))
     assert play.ok, f"play failed\n{play.tail()}"
-    assert_recorded_models(host, tiny, host.cache / VERIFIER_ID, host.cache / DRAFT_ID)
+    assert_recorded_models(host, tiny, host.store(VERIFIER_ID), host.store(DRAFT_ID))
 
     assert TOKEN not in play.result.stdout
     assert TOKEN not in json.dumps(play.result.events)
@@ -652,3 +677,145 @@ def test_e_local_source(
     assert str(weights) in text and "truncated" in text
     assert f"artifacts no longer valid: model_check: {weights}" in second.plan()
     assert host.stamp_file.read_bytes() == stamp_before, "a failed check must not re-stamp"
+
+
+# -- f, g: downloads already in the cache are used ---------------------------------------------
+def modelscope_download(
+    venv: Path, hub: FakeModelScope, model_id: str, home: Path, cache_dir: Path | None = None
+) -> Path:
+    """modelscope's own snapshot_download(model_id), run as a user would: the runbook's call
+    (no cache_dir, HOME=home, MODELSCOPE_CACHE unset), or with cache_dir= as older specfleet
+    releases called it. Only the endpoint is added (the fake hub)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELSCOPE_")}
+    env |= {"HOME": str(home), "MODELSCOPE_CREDENTIALS_PATH": str(home / "credentials")}
+    call = "snapshot_download(sys.argv[1], endpoint=sys.argv[2]" + (
+        ", cache_dir=sys.argv[3])" if cache_dir else ")"
+    )
+    proc = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            f"import sys; from modelscope import snapshot_download; print({call})",
+            model_id,
+            hub.url,
+            *([str(cache_dir)] if cache_dir else []),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        check=False,
+    )
+    assert proc.returncode == 0, f"snapshot_download({model_id}) failed\n{proc.stderr[-3000:]}"
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def file_identities(tiny: TinyModels, model_id: str, local: Path) -> dict[str, tuple[int, int]]:
+    """(inode, mtime) of each served file's local copy: unchanged when it was not fetched again."""
+    return {
+        rel: ((local / rel).stat().st_ino, (local / rel).stat().st_mtime_ns)
+        for rel in served_files(tiny, model_id)
+    }
+
+
+def test_f_runbook_download_is_reused(
+    fresh_host: ModelsHost, hub: FakeModelScope, tiny: TinyModels, venv: Path
+) -> None:
+    host = fresh_host
+    home = host.tmp / "home"
+    hub.reset()
+    seeded = {m: modelscope_download(venv, hub, m, home) for m in (DRAFT_ID, VERIFIER_ID)}
+    # Where the runbook's call put them: the layout the role must share.
+    host.cache = home / RUNBOOK_CACHE
+    assert seeded == {m: host.store(m) for m in (DRAFT_ID, VERIFIER_ID)}, seeded
+    for model_id, path in seeded.items():
+        assert_same_files(tiny, model_id, path)
+        assert all((path / name).is_file() for name in MODELSCOPE_INDEX), sorted(path.iterdir())
+    before = {m: file_identities(tiny, m, p) for m, p in seeded.items()}
+
+    hub.reset()
+    play = host.play("f-runbook-cache", host.modelscope_vars(hub))
+    print(describe_requests(hub))
+    assert play.ok, f"play failed\n{play.tail()}\n{host.log_file}"
+    # modelscope checks the revision and the file list, and fetches nothing.
+    assert hub.downloads() == [], describe_requests(hub)
+    assert_recorded_models(host, tiny, seeded[VERIFIER_ID], seeded[DRAFT_ID])
+    assert {m: file_identities(tiny, m, p) for m, p in seeded.items()} == before
+    assert not (host.cache / VERIFIER_ID).exists(), "a second copy in the cache_dir= layout"
+
+
+def test_g_older_specfleet_copy_moves_to_the_runbook_layout(
+    fresh_host: ModelsHost, hub: FakeModelScope, tiny: TinyModels, venv: Path
+) -> None:
+    host = fresh_host
+    hub.reset()
+    legacy = {
+        m: modelscope_download(venv, hub, m, host.tmp / "home", cache_dir=host.cache)
+        for m in (DRAFT_ID, VERIFIER_ID)
+    }
+    assert legacy == {m: host.cache / m for m in (DRAFT_ID, VERIFIER_ID)}, legacy
+    before = {m: file_identities(tiny, m, p) for m, p in legacy.items()}
+
+    hub.reset()
+    play = host.play("g-legacy-cache", host.modelscope_vars(hub))
+    print(describe_requests(hub))
+    assert play.ok, f"play failed\n{play.tail()}\n{host.log_file}"
+    assert hub.downloads() == [], describe_requests(hub)
+    verifier, draft = host.store(VERIFIER_ID), host.store(DRAFT_ID)
+    assert_recorded_models(host, tiny, verifier, draft)
+    # Moved (same inodes), not copied, and no second copy left behind.
+    assert {m: file_identities(tiny, m, host.store(m)) for m in legacy} == before
+    assert not any(p.exists() for p in legacy.values()), legacy
+
+
+# -- h: the disk preflight measures the cache's filesystem --------------------------------------
+def other_filesystem(than: Path) -> Path | None:
+    """A writable tmpfs on another filesystem than `than` (/dev/shm on Linux), if there is one."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK) and shm.stat().st_dev != than.stat().st_dev:
+        return shm
+    return None
+
+
+@pytest.mark.parametrize("where", ["shared", "separate"])
+def test_h_disk_preflight_measures_the_cache(
+    fresh_host: ModelsHost, hub: FakeModelScope, tiny: TinyModels, where: str
+) -> None:
+    host = fresh_host
+    cleanup = None
+    if where == "separate":
+        base = other_filesystem(host.tmp)
+        if base is None:
+            pytest.skip("no writable tmpfs on another filesystem than the test's tmp dir")
+        cleanup = Path(tempfile.mkdtemp(prefix="specfleet-cache-", dir=base))
+        host.cache = cleanup / "hub"
+    try:
+        hub.reset()
+        play = host.play(
+            f"h-disk-{where}",
+            host.modelscope_vars(hub, specfleet_models_disk_required_gb={"cpu": 99999, "npu": 1}),
+        )
+        assert not play.ok, f"the play should have failed\n{play.tail()}"
+        message = play.result.failure_message
+        print(f"--- failure message ---\n{message}\n---")
+        assert hub.snapshot() == [], describe_requests(hub)
+        assert not host.script.exists(), "the models stage must not start"
+        for expected in (
+            "preflight disk",
+            str(host.cache),
+            "models_cache_dir",
+            "specfleet_modelscope_cache",
+            "99999 GB",
+            "specfleet_models_disk_required_gb.cpu",
+        ):
+            assert expected in message, (expected, message)
+        if where == "shared":
+            # One filesystem holds both: the work root's need is added to the models'.
+            assert f"specfleet_root={host.root}" in message, message
+            assert "specfleet_disk_required_gb.cpu" in message, message
+        else:
+            # The work root's filesystem has room: only the cache is blamed.
+            assert "specfleet_root" not in message, message
+    finally:
+        if cleanup:
+            shutil.rmtree(cleanup, ignore_errors=True)

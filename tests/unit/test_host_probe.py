@@ -17,7 +17,9 @@ from specfleet_helpers.host_probe import (
     cpu_flags,
     disk_free_gb,
     existing_ancestor,
+    filesystem,
     meminfo,
+    mount_point,
     port_free,
     port_owner,
     python_version,
@@ -124,6 +126,53 @@ def test_existing_ancestor_makes_relative_paths_absolute(tmp_path, monkeypatch):
     assert existing_ancestor(Path("x/y")) == tmp_path
 
 
+def other_filesystem(than: Path) -> Path:
+    """A writable directory on another filesystem than `than` (Linux's /dev/shm tmpfs)."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)) or shm.stat().st_dev == than.stat().st_dev:
+        pytest.skip("no writable /dev/shm on another filesystem than the test's tmp dir")
+    return shm
+
+
+def test_filesystem_of_a_cache_not_created_yet(tmp_path):
+    cache = tmp_path / "home" / ".cache" / "modelscope" / "hub"
+    fs = filesystem(str(cache))
+    assert fs["path"] == str(cache)
+    assert fs["measured"] == str(tmp_path)
+    assert fs["device"] == tmp_path.stat().st_dev
+    usage = shutil.disk_usage(tmp_path)
+    assert abs(fs["free_gb"] - usage.free / 1024**3) < 1
+    assert fs["total_gb"] == round(usage.total / 1024**3, 2)
+    assert Path(fs["mount"]) in (tmp_path, *tmp_path.parents)
+
+
+def test_filesystem_keeps_the_path_as_given(tmp_path):
+    given = f"{tmp_path}/cache/"
+    assert filesystem(given)["path"] == given
+
+
+def test_paths_on_one_filesystem_share_its_device_and_mount(tmp_path):
+    root, cache = filesystem(str(tmp_path / "root")), filesystem(str(tmp_path / "cache"))
+    assert root["device"] == cache["device"]
+    assert root["mount"] == cache["mount"]
+
+
+def test_paths_on_two_filesystems_are_told_apart(tmp_path):
+    shm = other_filesystem(tmp_path)
+    root, cache = filesystem(str(tmp_path / "root")), filesystem(str(shm / "specfleet-x" / "hub"))
+    assert root["device"] != cache["device"]
+    assert root["mount"] != cache["mount"]
+    assert cache["measured"] == str(shm)
+    assert cache["free_gb"] == round(shutil.disk_usage(shm).free / 1024**3, 2)
+
+
+def test_mount_point_is_where_the_device_changes(tmp_path):
+    top = mount_point(tmp_path)
+    assert top.stat().st_dev == tmp_path.stat().st_dev
+    assert top == top.parent or top.parent.stat().st_dev != top.stat().st_dev
+    assert mount_point(Path("/")) == Path("/")
+
+
 def test_port_free_for_a_free_port():
     assert port_free("127.0.0.1", free_port()) is True
 
@@ -179,6 +228,7 @@ def test_cli_json(tmp_path, listening_port):
             "-m",
             "specfleet_helpers.host_probe",
             f"--root={tmp_path / 'work' / 'root'}",
+            f"--disk={tmp_path / 'cache' / 'hub'}",
             f"--port={listening_port}",
             f"--port={free}",
             f"--python={sys.executable}",
@@ -199,6 +249,11 @@ def test_cli_json(tmp_path, listening_port):
     assert report["tools"] == {"bash": shutil.which("bash"), "specfleet-no-such-tool": None}
     assert report["disk_path"] == str(tmp_path)
     assert report["disk_free_gb"] > 0
+    root, cache = report["disks"]
+    assert root["path"] == str(tmp_path / "work" / "root")
+    assert cache["path"] == str(tmp_path / "cache" / "hub")
+    assert root["measured"] == cache["measured"] == str(tmp_path)
+    assert root["device"] == cache["device"] == tmp_path.stat().st_dev
     assert 0 < report["ram_available_gb"] <= report["ram_total_gb"]
     assert isinstance(report["cpu_flags"], list)
     busy, idle = report["ports"]
