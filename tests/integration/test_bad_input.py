@@ -11,6 +11,7 @@ was expected; and the work root must not exist afterwards, which proves no host 
   out of range           train_epochs=0
   vllm-ascend's limit    serve_num_speculative_tokens=16 with specfleet_accelerator=npu
   unknown sources        models_source, speculators_install_source
+  wheelhouse target      speculators_install_wheelhouse_target with a python that is no version
   layer ids              hidden_states_target_layer_ids / train_target_layer_ids with an id
                          >= the synthetic verifier's layer count (known before any model exists)
   draft hidden size      a synthetic draft whose hidden_size differs from the verifier's
@@ -128,6 +129,12 @@ CASES = (
             "speculators_install_source must be one of: auto, git, pypi, wheelhouse",
             "got: conda",
         ),
+    ),
+    Case(
+        "wheelhouse-target-not-a-python-version",
+        (as_json({"speculators_install_wheelhouse_target": {"python": "twelve"}}),),
+        "speculators_install",
+        ('speculators_install_wheelhouse_target.python is "twelve"', "expected such as 3.12"),
     ),
     Case(
         "hidden-states-layer-beyond-the-verifier",
