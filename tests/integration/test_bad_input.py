@@ -17,6 +17,7 @@ was expected; and the work root must not exist afterwards, which proves no host 
   torchrun processes     train_nproc_per_node=2 with specfleet_npu_devices [0]
   unknown sources        models_source, speculators_install_source
   ModelScope cache       models_cache_dir not absolute; specfleet_models_disk_required_gb < 0
+  wheelhouse target      speculators_install_wheelhouse_target with a python that is no version
   layer ids              hidden_states_target_layer_ids / train_target_layer_ids with an id
                          >= the synthetic verifier's layer count (known before any model exists)
   draft hidden size      a synthetic draft whose hidden_size differs from the verifier's
@@ -217,6 +218,12 @@ CASES = (
             "speculators_install_source must be one of: auto, git, pypi, wheelhouse",
             "got: conda",
         ),
+    ),
+    Case(
+        "wheelhouse-target-not-a-python-version",
+        (as_json({"speculators_install_wheelhouse_target": {"python": "twelve"}}),),
+        "speculators_install",
+        ('speculators_install_wheelhouse_target.python is "twelve"', "expected such as 3.12"),
     ),
     Case(
         "hidden-states-layer-beyond-the-verifier",

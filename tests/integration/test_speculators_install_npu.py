@@ -15,6 +15,13 @@ generated constraints and pip against the package index (source pypi, no git).
   b. fake transformers 5.5.4: pip installs speculators' other dependencies without touching
      a pinned distribution; then `speculators --version` fails, since torch is a stub.
      About 2 minutes (pip fetches datasets, pyarrow, pandas, ...); case a about 1.
+  c. a distribution outside the NPU stack (fake numpy 1.26.4; speculators needs numpy>=2):
+     the image's whole package list is pinned, so the play fails naming numpy, unchanged.
+  d. source wheelhouse, the image's Python 3.12: the controller downloads cp312 wheels for the
+     host's architecture and none of what the image has (no torch), checks them against the
+     host, pushes them, and the host installs them with --no-index.
+  e. source wheelhouse downloaded for another Python (speculators_install_wheelhouse_target
+     python 3.11): the check names a cp311 wheel and the host, and nothing is pushed.
 
 Run explicitly:
     .venv/bin/python -m pytest -q tests/integration/test_speculators_install_npu.py
@@ -24,6 +31,8 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -104,8 +113,35 @@ def read_metadata(dist_info: Path) -> dict[str, str]:
     return headers
 
 
-def role_pinned() -> list[str]:
-    return yaml.safe_load(ROLE_DEFAULTS.read_text())["speculators_install_npu_pinned"]
+def role_required() -> list[str]:
+    return yaml.safe_load(ROLE_DEFAULTS.read_text())["speculators_install_npu_required"]
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def find_python(version: str) -> str | None:
+    """The executable of a working python<version> (pyenv shims answer for other versions too:
+    each candidate is asked which interpreter it is)."""
+    candidates = [os.environ.get(f"SPECFLEET_TEST_PYTHON{version.replace('.', '')}")]
+    candidates += [shutil.which(f"python{version}")]
+    probe = "import sys; print(sys.executable); print('%d.%d' % sys.version_info[:2])"
+    envs: list[dict[str, str]] = [dict(os.environ)]
+    if shutil.which("pyenv"):
+        bare = subprocess.run(
+            ["pyenv", "versions", "--bare"], capture_output=True, text=True, check=False
+        ).stdout.split()
+        envs += [{**os.environ, "PYENV_VERSION": v} for v in bare if v.startswith(version + ".")]
+    for candidate in filter(None, candidates):
+        for env in envs:
+            proc = subprocess.run(
+                [candidate, "-c", probe], capture_output=True, text=True, check=False, env=env
+            )
+            lines = proc.stdout.split()
+            if proc.returncode == 0 and len(lines) == 2 and lines[1] == version:
+                return lines[0]
+    return None
 
 
 @dataclass
@@ -144,13 +180,18 @@ class ImagePython:
 
 
 @pytest.fixture
-def image_python(tmp_path: Path, stub_site: Path) -> Callable[[str], ImagePython]:
-    """Factory: the image's Python with the mock stack, transformers at the version given."""
-    base = shutil.which("python3.11")
-    if base is None:
-        pytest.skip("python3.11 is not on PATH (speculators needs Python >= 3.11)")
+def image_python(tmp_path: Path, stub_site: Path) -> Callable[..., ImagePython]:
+    """Factory: the image's Python with the mock stack, transformers at the version given,
+    further distributions (name -> version, metadata only) and the Python version given."""
 
-    def make(transformers: str) -> ImagePython:
+    def make(
+        transformers: str, extra: dict[str, str] | None = None, python: str = "3.11"
+    ) -> ImagePython:
+        base = find_python(python)
+        if base is None:
+            pytest.skip(
+                f"no python{python} here (set SPECFLEET_TEST_PYTHON{python.replace('.', '')})"
+            )
         venv = tmp_path / "image-venv"
         run([base, "-m", "venv", str(venv)])
         purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
@@ -170,6 +211,15 @@ def image_python(tmp_path: Path, stub_site: Path) -> Callable[[str], ImagePython
                 version = transformers
             else:
                 shutil.copytree(dist_info, site / dist_info.name)
+            preinstalled[name] = version
+        for name, version in (extra or {}).items():
+            target = site / f"{name.replace('-', '_')}-{version}.dist-info"
+            target.mkdir()
+            (target / "METADATA").write_text(
+                f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                "Summary: MOCK of NPU hardware for tests (metadata only)\n"
+            )
+            (target / "INSTALLER").write_text("specfleet-mock-npu\n")
             preinstalled[name] = version
         wrapper = tmp_path / "bin" / "python-image"
         wrapper.parent.mkdir(parents=True, exist_ok=True)
@@ -219,17 +269,27 @@ REPORT_PLAY = "Validate the fleet and write the report"
 
 
 def play(
-    npu_host: MockNpuHost, image: ImagePython, *, timeout_s: int, fixture: str = A2_IDLE
+    npu_host: MockNpuHost,
+    image: ImagePython,
+    *,
+    timeout_s: int,
+    fixture: str = A2_IDLE,
+    overrides: dict[str, Any] | None = None,
 ) -> Play:
     """site.yml --tags npu_env,speculators_install against localhost in group atlas-a2, on
-    the mock NPU, with the image's Python as specfleet_npu_python and source pypi."""
+    the mock NPU, with the image's Python as specfleet_npu_python and source pypi (unless
+    overrides say otherwise)."""
     import ansible_runner
 
     fixture_path = NPU_SMI_FIXTURES / fixture
     assert fixture_path.is_file(), f"no npu-smi fixture {fixture_path}"
     inventory = npu_host.write_inventory(
         "atlas-a2",
-        {"specfleet_npu_python": str(image.wrapper), "speculators_install_source": "pypi"},
+        {
+            "specfleet_npu_python": str(image.wrapper),
+            "speculators_install_source": "pypi",
+            **(overrides or {}),
+        },
     )
     venv_bin = str(Path(sys.executable).parent)
     envvars = {
@@ -297,28 +357,36 @@ def assert_preinstalled_untouched(image: ImagePython) -> None:
     assert set(image.installers().values()) == {"specfleet-mock-npu"}, image.installers()
 
 
-def assert_constraints_pin_the_image(npu_host: MockNpuHost, image: ImagePython) -> None:
-    """<root>/run/speculators_install.constraints.txt pins exactly what the image has."""
+def constraint_lines(npu_host: MockNpuHost) -> list[str]:
     constraints = npu_host.root / "run" / f"{STAGE}.constraints.txt"
     assert constraints.is_file(), "the stage wrote no constraints file"
-    lines = [
+    return [
         line.strip()
         for line in constraints.read_text().splitlines()
         if line.strip() and not line.startswith("#")
     ]
-    expected = {f"{name}=={version}" for name, version in image.preinstalled.items()}
-    assert set(lines) == expected, lines
-    assert len(lines) == len(expected), lines
-    # The role pins each of the image's distributions (the constraints come from its list).
-    assert {n.replace("_", "-") for n in role_pinned()} == {
-        n.replace("_", "-") for n in image.preinstalled
-    }
+
+
+def assert_constraints_pin_the_image(npu_host: MockNpuHost, image: ImagePython) -> None:
+    """<root>/run/speculators_install.constraints.txt pins the image's whole package list:
+    the mock stack, and what else the image's Python holds (pip), as they were; not what the
+    stage installs on purpose (speculators, modelscope) nor what it added."""
+    lines = constraint_lines(npu_host)
+    pins = {normalize(line.partition("==")[0]): line.partition("==")[2] for line in lines}
+    assert len(pins) == len(lines), lines
+    for name, version in image.preinstalled.items():
+        assert pins.get(normalize(name)) == version, (name, version, lines)
+    pip_version = image.versions(["pip"])["pip"]
+    assert pins.get("pip") == pip_version, lines
+    assert not {"speculators", "modelscope", "datasets", "hs-connectors"} & set(pins), lines
+    # The stack the role requires is part of it.
+    assert {normalize(n) for n in role_required()} <= set(pins)
     for line in ("torch==2.10.0+cpu", "torch_npu==2.10.0.post4", "vllm==0.23.0+empty"):
         assert line in lines
 
 
 def test_conflict_fails_naming_it_and_changes_nothing(
-    npu_host: MockNpuHost, image_python: Callable[[str], ImagePython]
+    npu_host: MockNpuHost, image_python: Callable[..., ImagePython]
 ) -> None:
     """(a) transformers 4.57.0 in the image; speculators 0.9.0 needs transformers>=5.0."""
     image = image_python("4.57.0")
@@ -354,7 +422,7 @@ def test_conflict_fails_naming_it_and_changes_nothing(
 
 
 def test_install_keeps_every_pinned_package(
-    npu_host: MockNpuHost, image_python: Callable[[str], ImagePython]
+    npu_host: MockNpuHost, image_python: Callable[..., ImagePython]
 ) -> None:
     """(b) transformers 5.5.4 (the image's real version): pip installs speculators and its
     other dependencies without touching a pinned distribution. The stub torch cannot run
@@ -393,3 +461,138 @@ def test_install_keeps_every_pinned_package(
     }
     assert_preinstalled_untouched(image)
     assert_constraints_pin_the_image(npu_host, image)
+
+
+def test_preinstalled_outside_the_stack_stays_pinned(
+    npu_host: MockNpuHost, image_python: Callable[..., ImagePython]
+) -> None:
+    """(c) numpy 1.26.4 in the image, outside the NPU stack; speculators 0.9.0 needs
+    numpy>=2.0.0. Pinning only the stack would let pip upgrade numpy and exit 0."""
+    image = image_python("5.5.4", extra={"numpy": "1.26.4"})
+    assert image.preinstalled["numpy"] == "1.26.4"
+
+    result = play(npu_host, image, timeout_s=CONFLICT_TIMEOUT_S)
+    message = stage_failure(npu_host, result)
+
+    assert "pip cannot install without changing a pinned package" in message
+    assert "numpy==1.26.4" in message
+    assert f"speculators {SPECULATORS_VERSION} depends on numpy" in message
+    assert image.versions(["numpy", "speculators"]) == {"numpy": "1.26.4", "speculators": None}
+    assert_preinstalled_untouched(image)
+    assert "numpy==1.26.4" in constraint_lines(npu_host)
+    assert_constraints_pin_the_image(npu_host, image)
+
+
+# -- wheelhouse: downloaded on the controller for the image's Python ----------------------------
+
+# Files a wheel set for the image must never hold: what the image has, and CUDA builds.
+NEVER_IN_THE_SET = ("torch", "torch-npu", "torchvision", "torchaudio", "transformers", "vllm")
+
+
+@pytest.fixture(scope="module")
+def wheel_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The controller's wheelhouse cache, shared by the wheelhouse cases (one download each)."""
+    return tmp_path_factory.mktemp("controller-wheelhouse")
+
+
+def wheel_sets(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.iterdir() if p.is_dir())
+
+
+def wheelhouse_overrides(cache: Path, **more: Any) -> dict[str, Any]:
+    return {
+        "speculators_install_source": "wheelhouse",
+        "speculators_install_wheelhouse_cache": str(cache),
+        **more,
+    }
+
+
+def test_wheelhouse_downloads_for_the_image_python(
+    npu_host: MockNpuHost, image_python: Callable[..., ImagePython], wheel_cache: Path
+) -> None:
+    """(d) The image's Python is 3.12 (the controller's downloader is python3.11): the set is
+    cp312 wheels for this host's architecture, without torch or anything else the image has;
+    the host installs it with --no-index, then `speculators --version` fails on the stub torch."""
+    image = image_python("5.5.4", python="3.12")
+    arch = platform.machine()
+
+    result = play(
+        npu_host, image, timeout_s=INSTALL_TIMEOUT_S, overrides=wheelhouse_overrides(wheel_cache)
+    )
+    message = stage_failure(npu_host, result)
+    assert "during: speculators --version" in message
+
+    sets = wheel_sets(wheel_cache)
+    assert len(sets) == 1, sets
+    request = json.loads(sets[0].with_name(sets[0].name + ".json").read_text())
+    assert request["target"]["python"].startswith("3.12."), request["target"]
+    assert (request["target"]["abi"], request["target"]["arch"]) == ("cp312", arch)
+    assert request["snapshot"]["preinstalled"]["torch"] == "2.10.0+cpu"
+    wheels = sorted(p.name for p in sets[0].iterdir())
+    print(f"\nwheel set ({len(wheels)}): {' '.join(wheels)}")
+    assert all(name.endswith(".whl") for name in wheels), wheels
+    names = {normalize(name.split("-")[0]) for name in wheels}
+    assert {"speculators", "modelscope", "numpy", "datasets"} <= names, names
+    assert not names & set(NEVER_IN_THE_SET), sorted(names & set(NEVER_IN_THE_SET))
+    assert not [n for n in names if n.startswith("nvidia-")], names
+    binary = [w for w in wheels if not w.endswith("-none-any.whl")]
+    assert binary, wheels
+    for wheel in binary:
+        pythons, _abis, platforms = wheel[: -len(".whl")].split("-")[-3:]
+        assert "cp311" not in pythons.split("."), wheel
+        assert arch in platforms, wheel
+    numpy = [w for w in wheels if w.startswith("numpy-")]
+    assert numpy and "-cp312-cp312-" in numpy[0], numpy
+
+    # Pushed as downloaded, installed without an index.
+    pushed = sorted(p.name for p in (npu_host.root / "wheelhouse").iterdir())
+    assert pushed == wheels
+    script = (npu_host.root / "run" / f"{STAGE}.sh").read_text()
+    assert "--no-index" in script
+    log = (npu_host.root / "logs" / f"{STAGE}.log").read_text()
+    assert "Looking in indexes" not in log
+    assert "preinstalled distributions unchanged" in log, log[-3000:]
+    assert image.versions(["speculators", "modelscope"]) == {
+        "speculators": SPECULATORS_VERSION,
+        "modelscope": MODELSCOPE_VERSION,
+    }
+    assert_preinstalled_untouched(image)
+    assert_constraints_pin_the_image(npu_host, image)
+
+
+def test_wheelhouse_wheel_that_does_not_fit_is_named_before_pushing(
+    npu_host: MockNpuHost, image_python: Callable[..., ImagePython], wheel_cache: Path
+) -> None:
+    """(e) The set is downloaded for Python 3.11 (speculators_install_wheelhouse_target), the
+    image's Python is 3.12: the play stops at the check, naming a cp311 wheel and the host,
+    and pushes nothing."""
+    image = image_python("5.5.4", python="3.12")
+    before = set(wheel_sets(wheel_cache))
+
+    result = play(
+        npu_host,
+        image,
+        timeout_s=INSTALL_TIMEOUT_S,
+        overrides=wheelhouse_overrides(
+            wheel_cache, speculators_install_wheelhouse_target={"python": "3.11"}
+        ),
+    )
+    assert result.failed, f"expected the play to fail; stats {result.stats}\n{result.tail()}"
+    stage = [f for f in result.failures if f.get("play") != REPORT_PLAY]
+    assert len(stage) == 1, [(f.get("play"), f.get("task")) for f in result.failures]
+    assert stage[0]["task"] == "Require every wheel to fit the host", stage[0]["task"]
+    message = str(stage[0]["res"]["msg"])
+    print(f"failure message:\n{message}")
+    assert "do not fit localhost (CPython 3.12." in message, message
+    assert re.search(r"numpy-[0-9.]+-cp311-cp311-\S+\.whl \(tags cp311-cp311-", message), message
+    assert "nothing was pushed to localhost" in message
+
+    new = sorted(set(wheel_sets(wheel_cache)) - before)
+    assert len(new) == 1, new
+    assert json.loads(new[0].with_name(new[0].name + ".json").read_text())["target"]["abi"] == (
+        "cp311"
+    )
+    assert not (npu_host.root / "wheelhouse.tar").exists()
+    assert not (npu_host.root / "wheelhouse").exists()
+    assert image.versions(["speculators"]) == {"speculators": None}
+    assert_preinstalled_untouched(image)
