@@ -366,12 +366,12 @@ def test_one_device_of_eight_is_what_torch_is_compared_with(npu_host: MockNpuHos
     )
     assert not result.failed, result.failure_messages() or result.stdout[-4000:]
     state = json.loads(npu_host.state_file.read_text())
+    assert state["stack"]["npu_count"] == 1
+    assert wrapper_env(npu_host).get("ASCEND_RT_VISIBLE_DEVICES") == "0"
     assert state["npu"]["device_count"] == 8
     assert state["npu"]["devices_setting"] == [0]
     assert state["npu"]["used_device_ids"] == [0]
     assert state["npu"]["visible_devices"] == "0"
-    assert state["stack"]["npu_count"] == 1
-    assert wrapper_env(npu_host)["ASCEND_RT_VISIBLE_DEVICES"] == "0"
 
 
 def test_device_not_on_the_host_stops_it_naming_the_variable(npu_host: MockNpuHost) -> None:
