@@ -806,6 +806,10 @@ def summarize(
     Health policy beyond that is left to the caller. ``family`` comes from ``soc_family``. The
     SoC version is ``soc_version`` if given, otherwise the one derived from ``board`` (parsed
     ``npu-smi info -t board`` output), otherwise there is none and the chip name decides.
+
+    Each chip's ``logic_id`` is its position in the chip table (NPU order, then die order):
+    the device number that ``ASCEND_RT_VISIBLE_DEVICES`` and torch use, and the ``Chip Logic
+    ID`` that ``npu-smi info -m`` prints for the same host.
     """
     chips = info.chips
     names = sorted({chip.name for chip in chips})
@@ -831,6 +835,7 @@ def summarize(
         ],
         "chips": [
             {
+                "logic_id": logic_id,
                 "npu_id": chip.npu_id,
                 "chip_id": chip.chip_id,
                 "phy_id": chip.phy_id,
@@ -845,7 +850,7 @@ def summarize(
                 "memory_used_mb": chip.memory_used_mb,
                 "memory_total_mb": chip.memory_total_mb,
             }
-            for chip in chips
+            for logic_id, chip in enumerate(chips)
         ],
         "hbm_total_mb_per_chip": max(hbm_totals) if hbm_totals else None,
         "process_count": len(info.processes),
@@ -900,6 +905,26 @@ def run_npu_smi(
     return proc.stdout
 
 
+def _query_board(
+    chip: Chip, executable: str, timeout: float
+) -> tuple[dict[str, str] | None, str | None]:
+    """The board fields of ``chip``, or None and the reason npu-smi gave.
+
+    A2 and A3 take ``-i NPU -c CHIP``; the 950's board query is documented without ``-c``,
+    so that form is tried second.
+    """
+    errors: list[str] = []
+    for args in (
+        ("info", "-t", "board", "-i", str(chip.npu_id), "-c", str(chip.chip_id)),
+        ("info", "-t", "board", "-i", str(chip.npu_id)),
+    ):
+        try:
+            return parse_board(run_npu_smi(args, executable=executable, timeout=timeout)), None
+        except (NpuSmiRunError, NpuSmiParseError) as exc:
+            errors.append(str(exc))
+    return None, "; ".join(errors)
+
+
 def _read_input(path: str) -> str:
     if path == "-":
         return sys.stdin.read()
@@ -933,6 +958,13 @@ def _build_arg_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also parse saved `npu-smi info -t board -i N [-c M]` output; its Chip Type, "
         "Chip Name and NPU Name give the SoC version used to pick the family",
+    )
+    parser.add_argument(
+        "--board",
+        action="store_true",
+        help="also run `npu-smi info -t board -i N -c M` for the first chip listed (all chips "
+        "of a host are one SoC); when that fails the summary says why in board_error and the "
+        "chip name decides the family",
     )
     parser.add_argument(
         "--soc-version",
@@ -999,7 +1031,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error(f"cannot parse npu-smi info output from {source}: {exc}")
         return EXIT_PARSE_ERROR
 
+    board_error: str | None = None
+    if board is None and args.board and info.chips:
+        board, board_error = _query_board(info.chips[0], args.npu_smi, args.timeout)
+
     summary = summarize(info, board=board, soc_version=args.soc_version)
+    if args.board:
+        summary["board_error"] = board_error
     sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     return EXIT_OK
 

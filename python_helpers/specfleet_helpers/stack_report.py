@@ -86,19 +86,56 @@ def check_expectations(
     return problems
 
 
+def soc_version(torch_npu: Any) -> tuple[Optional[int], Optional[str]]:
+    """The SoC number torch_npu reports (224 for a 910B4, 251 for an A3 die, 260 for a 950),
+    or None and why.
+
+    vllm-ascend's device-type assert (`check_ascend_device_type` in `vllm_ascend/utils.py`)
+    reads `torch_npu.npu.get_soc_version()`; older torch_npu builds only have the C binding
+    `torch_npu._C._npu_get_soc_version()`, tried second.
+    """
+    readers = []
+    npu = getattr(torch_npu, "npu", None)
+    if callable(getattr(npu, "get_soc_version", None)):
+        readers.append(("torch_npu.npu.get_soc_version()", npu.get_soc_version))
+    binding = getattr(getattr(torch_npu, "_C", None), "_npu_get_soc_version", None)
+    if callable(binding):
+        readers.append(("torch_npu._C._npu_get_soc_version()", binding))
+    if not readers:
+        return None, "torch_npu has neither npu.get_soc_version() nor _C._npu_get_soc_version()"
+    errors = []
+    for name, reader in readers:
+        try:
+            return int(reader()), None
+        except Exception as exc:
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+    return None, "; ".join(errors)
+
+
 def npu_status() -> dict[str, Any]:
-    """torch.npu availability and device count; the error text when torch_npu cannot load."""
+    """torch.npu availability, device count and SoC number; the error text when torch_npu
+    cannot load or a value cannot be read."""
+    failed: dict[str, Any] = {"npu_available": False, "npu_count": 0, "soc_version": None}
     try:
         import torch
-        import torch_npu  # noqa: F401
+        import torch_npu
     except Exception as exc:
-        return {"npu_available": False, "npu_count": 0, "npu_error": f"{type(exc).__name__}: {exc}"}
+        error = f"{type(exc).__name__}: {exc}"
+        return {**failed, "npu_error": error, "soc_error": error}
     try:
         available = bool(torch.npu.is_available())
         count = int(torch.npu.device_count()) if available else 0
     except Exception as exc:
-        return {"npu_available": False, "npu_count": 0, "npu_error": f"{type(exc).__name__}: {exc}"}
-    return {"npu_available": available, "npu_count": count, "npu_error": None}
+        error = f"{type(exc).__name__}: {exc}"
+        return {**failed, "npu_error": error, "soc_error": error}
+    soc, soc_error = soc_version(torch_npu) if available else (None, "no NPU is visible")
+    return {
+        "npu_available": available,
+        "npu_count": count,
+        "npu_error": None,
+        "soc_version": soc,
+        "soc_error": soc_error,
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -112,7 +149,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=None,
         help="distribution to report (repeat); default: the runbook's list",
     )
-    parser.add_argument("--npu", action="store_true", help="also import torch_npu and count NPUs")
+    parser.add_argument(
+        "--npu",
+        action="store_true",
+        help="also import torch_npu: is_available, device count and SoC version",
+    )
     parser.add_argument(
         "--constraints-out",
         help="write pip constraints pinning the reported distributions to this file",

@@ -55,15 +55,29 @@ export LD_LIBRARY_PATH="$ASCEND_TOOLKIT_HOME/lib64${{LD_LIBRARY_PATH:+:$LD_LIBRA
 export MOCK_CANN_TOOLKIT_SOURCED=1
 """
 
+# The AscendNPU IR toolchain (bishengir, what Triton-Ascend kernels compile with) that the
+# vllm-ascend image's entrypoint sources after the toolkit.
+ASCENDNPU_IR_SET_ENV = """\
+# MOCK of NPU hardware for tests: stands in for CANN's share/info/ascendnpu-ir/bin/set_env.sh.
+export PATH={home}/bin:$PATH
+export MOCK_ASCENDNPU_IR_SOURCED=1
+"""
+
 # Like NNAL's atb/set_env.sh it reads $ZSH_VERSION unguarded, so sourcing it under `set -u`
-# fails unless the caller defined ZSH_VERSION (what specfleet's wrapper must do).
+# fails unless the caller defined ZSH_VERSION (what specfleet's wrapper must do), and it picks
+# the C++ ABI build from --cxx_abi=0|1 (0 when not given; the image sources it with 1).
 ATB_SET_ENV = """\
 # MOCK of NPU hardware for tests: stands in for NNAL's atb/set_env.sh (reads $ZSH_VERSION).
 if [ -n "$ZSH_VERSION" ]; then _mock_atb_shell=zsh; else _mock_atb_shell=bash; fi
-export ATB_HOME_PATH={home}
+_mock_atb_abi=0
+for _mock_atb_arg in "$@"; do
+    case "$_mock_atb_arg" in --cxx_abi=*) _mock_atb_abi="${{_mock_atb_arg#--cxx_abi=}}" ;; esac
+done
+export ATB_HOME_PATH={home}/cxx_abi_$_mock_atb_abi
+export MOCK_ATB_ARGS="$*"
 export MOCK_ATB_SOURCED_BY="$_mock_atb_shell"
 export MOCK_ATB_ZSH_VERSION_DEFINED="${{ZSH_VERSION+yes}}"
-unset _mock_atb_shell
+unset _mock_atb_shell _mock_atb_abi _mock_atb_arg
 """
 
 NPU_PYTHON_WRAPPER = """\
@@ -178,12 +192,17 @@ class MockNpuHost:
         self.root = self.tmp / "root"
         ascend = self.tmp / "Ascend"
         self.toolkit_env = ascend / "ascend-toolkit" / "set_env.sh"
+        self.ir_env = (
+            ascend / "cann-9.1.0" / "share" / "info" / "ascendnpu-ir" / "bin" / "set_env.sh"
+        )
         self.atb_env = ascend / "nnal" / "atb" / "set_env.sh"
         self.toolkit_home = ascend / "ascend-toolkit" / "latest"
+        self.ir_home = self.ir_env.parent.parent
         self.atb_home = ascend / "nnal" / "atb" / "latest" / "atb" / "cxx_abi_1"
         for path, text, home in (
             (self.toolkit_env, TOOLKIT_SET_ENV, self.toolkit_home),
-            (self.atb_env, ATB_SET_ENV, self.atb_home),
+            (self.ir_env, ASCENDNPU_IR_SET_ENV, self.ir_home),
+            (self.atb_env, ATB_SET_ENV, self.atb_home.parent),
         ):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text.format(home=shlex.quote(str(home))))
@@ -202,7 +221,8 @@ class MockNpuHost:
 
     @property
     def cann_env_files(self) -> list[str]:
-        return [str(self.toolkit_env), str(self.atb_env)]
+        """As group_vars/all/paths.yml lists them: the image entrypoint's scripts and args."""
+        return [str(self.toolkit_env), str(self.ir_env), f"{self.atb_env} --cxx_abi=1"]
 
     @property
     def state_file(self) -> Path:
@@ -219,6 +239,8 @@ class MockNpuHost:
             "ansible_python_interpreter": sys.executable,
             "specfleet_root": str(self.root),
             "specfleet_accelerator": "npu",
+            # The stack is on this machine itself (no container engine is involved here).
+            "specfleet_runtime": "host",
             "npu_env_npu_smi": str(MOCK_NPU_SMI),
             "specfleet_cann_env_files": self.cann_env_files,
             "specfleet_npu_python": str(self.npu_python),
@@ -249,12 +271,19 @@ class MockNpuHost:
         *,
         group: str = "atlas-a2",
         npu_count: int = 8,
+        soc_version: int | None = None,
+        board_fixture: str | None = None,
         overrides: dict[str, Any] | None = None,
         extravars: dict[str, Any] | None = None,
         mock_npu_smi_on_path: bool = False,
         skip_speculators_install: bool = True,
     ) -> PlayResult:
         """Play provision.yml with --tags npu_env against this host.
+
+        The host lists `fixture` in `npu-smi info` and, with board_fixture, answers
+        `npu-smi info -t board`; torch sees npu_count NPUs (narrowed by the
+        ASCEND_RT_VISIBLE_DEVICES the role exports) and, with soc_version, torch_npu reports
+        that SoC number (else it cannot read one).
 
         --tags npu_env alone still starts speculators_install's argument-spec validation
         (Ansible tags that task `always`), so --skip-tags speculators_install is passed too
@@ -278,6 +307,12 @@ class MockNpuHost:
             "MOCK_NPU_SMI_FIXTURE": str(fixture_path),
             "MOCK_NPU_COUNT": str(npu_count),
         }
+        if soc_version is not None:
+            envvars["MOCK_NPU_SOC_VERSION"] = str(soc_version)
+        if board_fixture is not None:
+            board_path = NPU_SMI_FIXTURES / board_fixture
+            assert board_path.is_file(), f"no npu-smi board fixture {board_path}"
+            envvars["MOCK_NPU_SMI_BOARD_FIXTURE"] = str(board_path)
         self._runs += 1
         # One private data dir per run: ansible-runner keeps env/envvars and env/extravars
         # from the first run of a dir and ignores the arguments of later runs.

@@ -22,6 +22,7 @@ was expected; and the work root must not exist afterwards, which proves no host 
                          >= the synthetic verifier's layer count (known before any model exists)
   draft hidden size      a synthetic draft whose hidden_size differs from the verifier's
   port                   specfleet_serve_port=70000
+  NPU devices            specfleet_npu_devices=0,1 (a string, not all or a list of ids)
   memory share           serve_gpu_memory_utilization=1.5
   malformed data row     data_source=file with a JSONL file whose line 3 is not JSON (the
                          error names the file and the line)
@@ -261,6 +262,15 @@ CASES = (
         ("specfleet_serve_port=70000",),
         "npu_env",
         ("specfleet_serve_port", "70000 out of range", "expected ports in 1..65535"),
+    ),
+    Case(
+        "npu-devices-not-all-or-ids",
+        ("specfleet_npu_devices=0,1",),
+        "npu_env",
+        (
+            'specfleet_npu_devices (npu_env_devices) is "0,1"',
+            "expected all or a non-empty list of distinct device ids >= 0",
+        ),
     ),
     Case(
         "gpu-memory-utilization-above-1",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import yaml
 
 if TYPE_CHECKING:
     from conftest import MockNpuHost
@@ -32,8 +33,19 @@ SHIP_HELPERS = "Ship python_helpers to the host"
 MAX_RERUNS = 3
 
 A2_IDLE = "a2_910b4_8npu_idle_25.0.rc1.1.txt"
+A2_BOARD = "a2_910b4_info_t_board_i0_c0_ABRIDGED.txt"
+# The runbook's own host: one 910B4 (32 GB), npu-smi 26.x.
+A2_ONE_CARD = "a2_910b4_1npu_idle_26.0.rc1_container_pid_col.txt"
+A2_FOUR_CARDS = "a2_910b4_4npu_container_vllmworker_24.1.rc3.txt"
 A950_ALARM = "950pr_3npu_2alarm_2proc_25.7.rc1.txt"
 A3_PARTIAL = "a3_ascend910_2npu_4die_1proc_25.2.0.txt"
+A3_FULL = "a3_ascend910_8npu_16die_idle_24.1.rc3.5.txt"
+A3_BOARD = "a3_ascend910_9392_info_t_board_i0_c0_ABRIDGED.txt"
+# torch_npu's SoC numbers (what vllm-ascend asserts on): 910B4, A3 9392 die.
+SOC_910B4 = 224
+SOC_A3_9392 = 251
+IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0"
+PATHS = yaml.safe_load((HERE.parents[1] / "group_vars" / "all" / "paths.yml").read_text())
 
 
 def wrapper_env(npu_host: MockNpuHost, *command: str) -> dict[str, str]:
@@ -85,30 +97,51 @@ def test_mock_kit_behaves_like_the_hardware(npu_host: MockNpuHost) -> None:
     assert info.returncode == 0
     assert info.stdout == fixture.read_text()
     other = subprocess.run(
-        [str(MOCK_NPU_SMI), "info", "-t", "board"], env=env, capture_output=True, text=True
+        [str(MOCK_NPU_SMI), "info", "-t", "board", "-i", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert other.returncode == 127
     assert "command not found" in other.stderr
+    board = NPU_SMI_FIXTURES / A2_BOARD
+    with_board = {**env, "MOCK_NPU_SMI_BOARD_FIXTURE": str(board)}
+    answered = subprocess.run(
+        [str(MOCK_NPU_SMI), *("info", "-t", "board", "-i", "0", "-c", "0")],
+        env=with_board,
+        capture_output=True,
+        text=True,
+    )
+    assert answered.returncode == 0 and answered.stdout == board.read_text()
     # The ATB file fails under `set -u` unless ZSH_VERSION is defined, as the real one does.
     strict = subprocess.run(
         ["bash", "-uc", f". {npu_host.atb_env}"], capture_output=True, text=True, env={}
     )
     assert strict.returncode != 0
     assert "ZSH_VERSION" in strict.stderr
-    # torch.npu follows MOCK_NPU_COUNT; torch_npu needs the CANN env, like the real one.
-    probe = "import torch, torch_npu; print(torch.npu.is_available(), torch.npu.device_count())"
-    for count, expected in (("8", "True 8"), ("0", "False 0")):
+    # torch.npu follows MOCK_NPU_COUNT narrowed by ASCEND_RT_VISIBLE_DEVICES; torch_npu needs
+    # the CANN env, like the real one, and reports MOCK_NPU_SOC_VERSION.
+    probe = (
+        "import torch, torch_npu; print(torch.npu.is_available(), torch.npu.device_count(),"
+        " torch_npu.npu.get_soc_version())"
+    )
+    for extra, expected in (
+        ({"MOCK_NPU_COUNT": "8"}, "True 8 224"),
+        ({"MOCK_NPU_COUNT": "8", "ASCEND_RT_VISIBLE_DEVICES": "0"}, "True 1 224"),
+        ({"MOCK_NPU_COUNT": "4", "ASCEND_RT_VISIBLE_DEVICES": "2,3,9"}, "True 2 224"),
+        ({"MOCK_NPU_COUNT": "0"}, "False 0 224"),
+    ):
         out = subprocess.run(
             [
                 *("bash", "-c", '. "$1"; exec "$2" -c "$3"', "-"),
                 *(str(npu_host.toolkit_env), str(npu_host.npu_python), probe),
             ],
-            env={"PATH": os.environ["PATH"], "MOCK_NPU_COUNT": count},
+            env={"PATH": os.environ["PATH"], "MOCK_NPU_SOC_VERSION": "224", **extra},
             capture_output=True,
             text=True,
             check=True,
         )
-        assert out.stdout.strip() == expected
+        assert out.stdout.strip() == expected, extra
     no_cann = subprocess.run(
         [str(npu_host.npu_python), "-c", "import torch_npu"],
         env={"PATH": os.environ["PATH"]},
@@ -125,7 +158,9 @@ def test_mock_kit_behaves_like_the_hardware(npu_host: MockNpuHost) -> None:
 
 def test_a2_idle_host_passes_and_records_the_npu_environment(npu_host: MockNpuHost) -> None:
     """(a) A2 8x910B4 idle: the play passes, the state file and the env wrapper are right."""
-    result = npu_host.run(A2_IDLE, group="atlas-a2", npu_count=8)
+    result = npu_host.run(
+        A2_IDLE, group="atlas-a2", npu_count=8, soc_version=SOC_910B4, board_fixture=A2_BOARD
+    )
     assert not result.failed, result.failure_messages() or result.stdout[-4000:]
     assert result.rc == 0 and result.status == "successful"
 
@@ -140,9 +175,17 @@ def test_a2_idle_host_passes_and_records_the_npu_environment(npu_host: MockNpuHo
     assert state["npu"]["family"] == "atlas-a2"
     assert state["npu"]["npu_smi_version"] == "25.0.rc1.1"
     assert state["npu"]["hbm_total_mb"] == [32768] * 8
+    assert state["npu"]["soc_version"] == "Ascend910B4"  # from the board query
+    assert state["npu"]["devices_setting"] == "all"
+    assert state["npu"]["used_device_ids"] == list(range(8))
+    assert state["npu"]["visible_devices"] is None
+    assert state["npu"]["image"] == IMAGE
+    assert state["thresholds"]["min_devices"] == 1
+    assert state["thresholds"]["expected_devices"] == 0
     assert state["stack"]["npu_available"] is True
     assert state["stack"]["npu_count"] == 8
     assert state["stack"]["npu_error"] is None
+    assert state["stack"]["soc_version"] == SOC_910B4
     assert state["stack"]["versions"]["vllm"] == "0.23.0+empty"
     assert state["stack"]["versions"]["torch_npu"] == "2.10.0.post4"
     assert state["stack"]["versions"]["vllm-ascend"] == "0.23.0"
@@ -152,12 +195,14 @@ def test_a2_idle_host_passes_and_records_the_npu_environment(npu_host: MockNpuHo
         npu_host.ports["specfleet_serve_port"],
     ]
 
-    # The wrapper sources both CANN files (and defines ZSH_VERSION for ATB's).
+    # The wrapper sources the CANN scripts (and defines ZSH_VERSION for ATB's); with `all` it
+    # leaves ASCEND_RT_VISIBLE_DEVICES unset, never empty.
     env = wrapper_env(npu_host)
     assert env["ASCEND_TOOLKIT_HOME"] == str(npu_host.toolkit_home)
     assert env["MOCK_CANN_TOOLKIT_SOURCED"] == "1"
     assert env["ATB_HOME_PATH"] == str(npu_host.atb_home)
     assert env["MOCK_ATB_ZSH_VERSION_DEFINED"] == "yes"
+    assert "ASCEND_RT_VISIBLE_DEVICES" not in env
     assert env["PYTHONPATH"].split(":")[0] == str(npu_host.root / "lib" / "specfleet_helpers.zip")
     # Sourced from a `set -eu` script it works and leaves nounset on.
     sourced = subprocess.run(
@@ -236,10 +281,15 @@ def test_950_alarm_health_stops_the_host(npu_host: MockNpuHost) -> None:
 
 
 def test_a3_device_count_mismatch_stops_the_host(npu_host: MockNpuHost) -> None:
-    """(d) A3 showing 2 NPUs / 4 dies where group atlas-a3 expects 16 devices."""
-    result = npu_host.run(A3_PARTIAL, group="atlas-a3", npu_count=4)
+    """(d) A3 showing 2 NPUs / 4 dies where the fleet asks for exactly 16 devices."""
+    result = npu_host.run(
+        A3_PARTIAL, group="atlas-a3", npu_count=4, overrides={"npu_env_expected_devices": 16}
+    )
     message = assert_stopped(
-        npu_host, result, "preflight npu devices", "lists 4 devices, expected 16"
+        npu_host,
+        result,
+        "preflight npu devices",
+        "lists 4 devices, expected exactly 16 (npu_env_expected_devices)",
     )
     assert "atlas-a3" in message
 
@@ -287,3 +337,178 @@ def test_port_in_use_stops_the_host(npu_host: MockNpuHost, listening_port: int) 
         str(listening_port),
         f"by pid {os.getpid()}",
     )
+
+
+# -- issue 9: devices used, family, HBM, the CANN environment --------------------------------
+
+
+def test_runbook_one_card_host_passes(npu_host: MockNpuHost) -> None:
+    """The runbook's own host (one 910B4, 32 GB) in atlas-a2 passes: at least
+    npu_env_min_devices (1) healthy device, not the group's 8, and 32 GB is enough HBM."""
+    result = npu_host.run(A2_ONE_CARD, group="atlas-a2", npu_count=1, soc_version=SOC_910B4)
+    assert not result.failed, result.failure_messages() or result.stdout[-4000:]
+    state = json.loads(npu_host.state_file.read_text())
+    assert state["npu"]["device_count"] == 1
+    assert state["npu"]["used_device_ids"] == [0]
+    assert state["npu"]["hbm_total_mb"] == [32768]
+    assert state["npu"]["npu_smi_version"] == "26.0.rc1"
+    # The group's hardware fact is recorded, not demanded.
+    assert state["group_settings"]["npu_devices_per_host"] == 8
+    assert state["stack"]["npu_count"] == 1
+
+
+def test_one_device_of_eight_is_what_torch_is_compared_with(npu_host: MockNpuHost) -> None:
+    """specfleet_npu_devices: [0] on an 8-card host: ASCEND_RT_VISIBLE_DEVICES=0 reaches
+    torch (the mock then sees 1 of its 8 NPUs) and 1 is what the check expects; the wrapper
+    every stage sources exports the same."""
+    result = npu_host.run(
+        A2_IDLE, group="atlas-a2", npu_count=8, overrides={"specfleet_npu_devices": [0]}
+    )
+    assert not result.failed, result.failure_messages() or result.stdout[-4000:]
+    state = json.loads(npu_host.state_file.read_text())
+    assert state["stack"]["npu_count"] == 1
+    assert wrapper_env(npu_host).get("ASCEND_RT_VISIBLE_DEVICES") == "0"
+    assert state["npu"]["device_count"] == 8
+    assert state["npu"]["devices_setting"] == [0]
+    assert state["npu"]["used_device_ids"] == [0]
+    assert state["npu"]["visible_devices"] == "0"
+
+
+def test_device_not_on_the_host_stops_it_naming_the_variable(npu_host: MockNpuHost) -> None:
+    result = npu_host.run(
+        A2_ONE_CARD, group="atlas-a2", npu_count=1, overrides={"specfleet_npu_devices": [0, 3]}
+    )
+    assert_stopped(
+        npu_host,
+        result,
+        "preflight npu devices: specfleet_npu_devices (npu_env_devices) is [0, 3]",
+        "npu-smi lists no device 3",
+        "expected all or ids among 0.",
+    )
+
+
+def test_exact_device_count_only_when_the_fleet_asks(npu_host: MockNpuHost) -> None:
+    """A 4-card A2 host passes by default; npu_env_expected_devices: 8 stops it."""
+    passed = npu_host.run(A2_FOUR_CARDS, group="atlas-a2", npu_count=4)
+    assert not passed.failed, passed.failure_messages() or passed.stdout[-4000:]
+    npu_host.state_file.unlink()
+    result = npu_host.run(
+        A2_FOUR_CARDS, group="atlas-a2", npu_count=4, overrides={"npu_env_expected_devices": 8}
+    )
+    assert_stopped(
+        npu_host,
+        result,
+        "preflight npu devices: npu-smi lists 4 devices, expected exactly 8",
+        "(npu_env_expected_devices)",
+        "group atlas-a2",
+    )
+
+
+def test_a3_host_in_its_own_group_passes(npu_host: MockNpuHost) -> None:
+    """16 A3 dies (board: Ascend910_9392, torch_npu SoC 251) in atlas-a3 with the -a3 image."""
+    result = npu_host.run(
+        A3_FULL, group="atlas-a3", npu_count=16, soc_version=SOC_A3_9392, board_fixture=A3_BOARD
+    )
+    assert not result.failed, result.failure_messages() or result.stdout[-4000:]
+    state = json.loads(npu_host.state_file.read_text())
+    assert state["npu"]["family"] == "atlas-a3"
+    assert state["npu"]["soc_version"] == "Ascend910_9392"
+    assert state["npu"]["image"] == f"{IMAGE}-a3"
+    assert state["npu"]["used_device_ids"] == list(range(16))
+    assert state["stack"]["npu_count"] == 16
+
+
+def test_a3_hardware_in_group_atlas_a2_stops_at_preflight(npu_host: MockNpuHost) -> None:
+    """An A3 host listed in atlas-a2 (so given the A2 image) is stopped by npu_env, naming
+    what npu-smi and torch_npu say, the group and the image's flavour, instead of failing
+    when vLLM starts."""
+    result = npu_host.run(
+        A3_FULL, group="atlas-a2", npu_count=16, soc_version=SOC_A3_9392, board_fixture=A3_BOARD
+    )
+    assert_stopped(
+        npu_host,
+        result,
+        "preflight npu family: npu-smi says atlas-a3 (Ascend910, 2 dies per NPU,",
+        "SoC Ascend910_9392 from the board)",
+        "torch_npu says SoC 251 (atlas-a3)",
+        "the host is in group atlas-a2 (specfleet_hardware_family)",
+        f"the image {IMAGE} is the A2 flavour (from its tag)",
+        "tag suffix -a3",
+    )
+
+
+def test_a2_hardware_with_the_a3_image_stops_at_preflight(npu_host: MockNpuHost) -> None:
+    """The group is right but the image is not: an A2 host told to run the -a3 image."""
+    result = npu_host.run(
+        A2_IDLE,
+        group="atlas-a2",
+        soc_version=SOC_910B4,
+        overrides={"specfleet_image_tag_suffix": "-a3-openeuler"},
+    )
+    assert_stopped(
+        npu_host,
+        result,
+        "preflight npu family: npu-smi says atlas-a2 (910B4, 1 die per NPU",
+        "torch_npu says SoC 224 (atlas-a2)",
+        "the host is in group atlas-a2",
+        f"the image {IMAGE}-a3-openeuler is the A3 flavour",
+    )
+
+
+def test_hbm_is_at_least_what_the_models_need(npu_host: MockNpuHost) -> None:
+    """The 32 GB 910B4 passed at the default (test_runbook_one_card_host_passes); asking for
+    more than it has stops the host, naming the device and the setting."""
+    result = npu_host.run(
+        A2_ONE_CARD,
+        group="atlas-a2",
+        npu_count=1,
+        overrides={"npu_env_min_hbm_mb_per_device": 32769},
+    )
+    assert_stopped(
+        npu_host,
+        result,
+        "preflight npu hbm: device 0 (NPU 0 chip 0, 910B4) has 32768 MB HBM",
+        "expected at least 32769 MB per device (npu_env_min_hbm_mb_per_device",
+    )
+
+
+def test_cann_environment_is_the_image_entrypoints(npu_host: MockNpuHost) -> None:
+    """The scripts the vllm-ascend image's entrypoint sources, with their arguments, and
+    /usr/local/lib first on LD_LIBRARY_PATH: in the wrapper every stage sources, and in the
+    torch_npu check (the same shell lines)."""
+    # The mock's list is group_vars' default list, moved under tmp_path.
+    ascend = str(npu_host.tmp / "Ascend")
+    assert [
+        entry.replace(ascend, "/usr/local/Ascend") for entry in npu_host.cann_env_files
+    ] == PATHS["specfleet_cann_env_files"]
+    result = npu_host.run(A2_IDLE, group="atlas-a2")
+    assert not result.failed, result.failure_messages() or result.stdout[-4000:]
+
+    env = wrapper_env(npu_host)
+    assert env["MOCK_CANN_TOOLKIT_SOURCED"] == "1"
+    assert env["MOCK_ASCENDNPU_IR_SOURCED"] == "1"
+    assert env["PATH"].split(":")[0] == str(npu_host.ir_home / "bin")
+    assert env["MOCK_ATB_ARGS"] == "--cxx_abi=1"
+    assert env["ATB_HOME_PATH"].endswith("/cxx_abi_1")
+    ld_path = env["LD_LIBRARY_PATH"].split(":")
+    assert "/usr/local/lib" in ld_path, ld_path
+    assert ld_path[0] == str(npu_host.toolkit_home / "lib64")  # the scripts come after it
+    state = json.loads(npu_host.state_file.read_text())
+    assert state["cann_env_files"] == npu_host.cann_env_files
+    assert state["cann_ld_library_paths"] == ["/usr/local/lib"]
+
+    # torch_npu was checked under the same environment.
+    checked = [
+        res["cmd"]
+        for res in result.task_results(
+            "Check torch_npu and the runbook's package versions in the target Python"
+        )
+    ]
+    assert checked, "the torch_npu check did not run"
+    for line in (
+        f". {npu_host.toolkit_env}",
+        f". {npu_host.ir_env}",
+        f". {npu_host.atb_env} --cxx_abi=1",
+        "export LD_LIBRARY_PATH=/usr/local/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}",
+    ):
+        assert line in checked[0], (line, checked[0])

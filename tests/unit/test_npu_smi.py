@@ -796,5 +796,76 @@ def test_cli_unreadable_input_exits_2(tmp_path: Path) -> None:
 def test_cli_help() -> None:
     result = run_cli("--help")
     assert result.returncode == 0
-    for option in ("--input", "--board-input", "--soc-version", "--npu-smi", "--timeout"):
+    for option in (
+        "--input",
+        "--board-input",
+        "--board",
+        "--soc-version",
+        "--npu-smi",
+        "--timeout",
+    ):
         assert option in result.stdout
+
+
+# -- device ids and the board query (issue 9) -------------------------------------------------
+
+
+def test_logic_ids_are_the_table_order_as_info_m_numbers_them() -> None:
+    """The id specfleet_npu_devices names: a2 `npu-smi info` and `-m` of the same host agree."""
+    summary = summarize(info_of("a2_910b4_8npu_idle_25.0.rc1.1.txt"))
+    rows = parse_info_m(read_fixture("a2_910b4_8npu_info_m_25.0.rc1.1.txt"))
+    logic = {(r["npu_id"], r["chip_id"]): r["logic_id"] for r in rows if r["logic_id"] is not None}
+    assert [c["logic_id"] for c in summary["chips"]] == list(range(8))
+    assert {(c["npu_id"], c["chip_id"]): c["logic_id"] for c in summary["chips"]} == logic
+
+
+def test_logic_ids_count_a3_dies() -> None:
+    summary = summarize(info_of("a3_ascend910_8npu_16die_idle_24.1.rc3.5.txt"))
+    chips = summary["chips"]
+    assert [c["logic_id"] for c in chips] == list(range(16))
+    assert (chips[3]["npu_id"], chips[3]["chip_id"]) == (1, 1)
+
+
+def test_cli_board_queries_the_first_chip(tmp_path: Path) -> None:
+    info = FIXTURES / "a3_ascend910_8npu_16die_idle_24.1.rc3.5.txt"
+    board = FIXTURES / "a3_ascend910_9392_info_t_board_i0_c0_ABRIDGED.txt"
+    log = tmp_path / "calls"
+    make_fake_npu_smi(
+        tmp_path,
+        f'echo "$*" >> "{log}"\n'
+        f'[ "$*" = info ] && exec cat "{info}"\n'
+        f'[ "$*" = "info -t board -i 0 -c 0" ] && exec cat "{board}"\n'
+        "exit 9\n",
+    )
+    result = run_cli("--board", path=os.pathsep.join([str(tmp_path), os.environ["PATH"]]))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["soc_version"] == "Ascend910_9392"
+    assert summary["family"] == "atlas-a3"
+    assert summary["board_error"] is None
+    assert log.read_text().splitlines() == ["info", "info -t board -i 0 -c 0"]
+
+
+def test_cli_board_failure_is_reported_not_fatal(tmp_path: Path) -> None:
+    """A board query npu-smi refuses (both forms) leaves the chip name to decide."""
+    info = FIXTURES / "a2_910b4_1npu_idle_26.0.rc1_container_pid_col.txt"
+    make_fake_npu_smi(
+        tmp_path, f'[ "$*" = info ] && exec cat "{info}"\necho "board: not here" >&2\nexit 4\n'
+    )
+    result = run_cli("--board", path=os.pathsep.join([str(tmp_path), os.environ["PATH"]]))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["family"] == "atlas-a2"
+    assert summary["board"] is None
+    assert summary["soc_version"] is None
+    error = summary["board_error"]
+    assert "info -t board -i 0 -c 0" in error and "info -t board -i 0'" in error
+    assert "board: not here" in error
+
+
+def test_cli_without_board_does_not_query_it(tmp_path: Path) -> None:
+    info = FIXTURES / "a2_910b4_1npu_idle_26.0.rc1_container_pid_col.txt"
+    make_fake_npu_smi(tmp_path, f'[ "$*" = info ] && exec cat "{info}"\nexit 9\n')
+    result = run_cli(path=os.pathsep.join([str(tmp_path), os.environ["PATH"]]))
+    assert result.returncode == 0, result.stderr
+    assert "board_error" not in json.loads(result.stdout)

@@ -9,12 +9,14 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from specfleet_helpers.stack_report import (
     check_expectations,
     constraints,
     distribution_versions,
+    soc_version,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -152,3 +154,56 @@ def test_editable_expectations(tmp_path):
     wrong = run("--expect-editable=fromwheel")
     assert wrong.returncode == 1
     assert "fromwheel is not an editable install" in wrong.stdout
+
+
+# -- torch_npu's SoC version (issue 9) --------------------------------------------------------
+
+MOCK_NPU = REPO_ROOT / "tests" / "integration" / "mock_npu"
+
+
+def test_soc_version_reads_what_vllm_ascend_reads():
+    fake = SimpleNamespace(npu=SimpleNamespace(get_soc_version=lambda: 251))
+    assert soc_version(fake) == (251, None)
+
+
+def test_soc_version_falls_back_to_the_c_binding():
+    fake = SimpleNamespace(
+        npu=SimpleNamespace(), _C=SimpleNamespace(_npu_get_soc_version=lambda: 224)
+    )
+    assert soc_version(fake) == (224, None)
+
+
+def test_soc_version_unreadable_says_why():
+    def broken() -> int:
+        raise RuntimeError("no device")
+
+    soc, error = soc_version(SimpleNamespace(npu=SimpleNamespace(get_soc_version=broken)))
+    assert soc is None
+    assert "torch_npu.npu.get_soc_version(): RuntimeError: no device" in error
+    soc, error = soc_version(SimpleNamespace())
+    assert soc is None and "neither" in error
+
+
+def test_cli_npu_reports_the_soc_and_the_visible_devices():
+    """With the MOCK torch/torch_npu of tests/integration/mock_npu (NPU hardware mocked)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{HELPERS}{os.pathsep}{MOCK_NPU}",
+        "ASCEND_TOOLKIT_HOME": "/nonexistent/mock",
+        "MOCK_NPU_COUNT": "8",
+        "MOCK_NPU_SOC_VERSION": "260",
+        "ASCEND_RT_VISIBLE_DEVICES": "0,1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "specfleet_helpers.stack_report", "--npu", "--dist=pytest"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["npu_available"] is True
+    assert report["npu_count"] == 2
+    assert report["soc_version"] == 260
+    assert report["soc_error"] is None
