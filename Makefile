@@ -25,8 +25,11 @@ lint: setup
 unit: setup
 	$(BIN)/python -m pytest tests/unit
 
-integration: setup  ## real Ansible runs: mock-NPU npu_env, git and wheelhouse sources
-	$(BIN)/python -m pytest tests/integration
+# Two workers, one test module each at a time (--dist loadfile keeps a module's shared runs and
+# fixtures in one process): most runs are one ansible-playbook on one core, so two run side by side.
+INTEGRATION_WORKERS ?= 2
+integration: setup  ## real Ansible runs: mock-NPU npu_env, git and wheelhouse sources, containers
+	$(BIN)/python -m pytest -n $(INTEGRATION_WORKERS) --dist loadfile tests/integration
 
 test-reliability: setup  ## slow: runs killed (SIGINT/SIGKILL), vLLM dying, corrupted artifacts, ports, disk, host lock, secrets, paths with spaces
 	SPECFLEET_SLOW_TESTS=1 $(BIN)/python -m pytest -s tests/integration/test_interruptions.py tests/integration/test_failures.py tests/integration/test_speculators_sources.py
