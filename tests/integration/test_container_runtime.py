@@ -58,11 +58,22 @@ if IMAGE is None:
     )
 
 
+def docker_ready() -> bool:
+    """Docker's daemon answers and has the image (scripts/test-images dockerd start; build)."""
+    if shutil.which("docker") is None:
+        return False
+    info = subprocess.run(["docker", "info"], capture_output=True, text=True)
+    found = subprocess.run(["docker", "image", "inspect", IMAGES[0]], capture_output=True)
+    return info.returncode == 0 and found.returncode == 0
+
+
 class ContainerHost:
     """localhost as a host of the container runtime, with its work root under tmp_path."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, engine: str = "podman", image: str | None = IMAGE) -> None:
         self.tmp = tmp
+        self.engine = engine
+        self.image = image
         self.root = tmp / "root"
         self.cache = tmp / "cache"
         self.name = f"specfleet-test-{uuid.uuid4().hex[:8]}"
@@ -79,8 +90,8 @@ class ContainerHost:
             "specfleet_root": str(self.root),
             "specfleet_accelerator": "cpu",
             "specfleet_runtime": "container",
-            "specfleet_container_engine": "podman",
-            "specfleet_container_image": IMAGE,
+            "specfleet_container_engine": self.engine,
+            "specfleet_container_image": self.image,
             "specfleet_container_name": self.name,
             "specfleet_container_python": "/usr/bin/python3",
             "npu_env_container_cache_dir": str(self.cache),
@@ -128,7 +139,8 @@ class ContainerHost:
         return runner, stats, stdout
 
     def container_id(self) -> str:
-        return podman("container", "inspect", "--format", "{{.Id}}", self.name).stdout.strip()
+        argv = [self.engine, "container", "inspect", "--format", "{{.Id}}", self.name]
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
 
     def state(self) -> dict[str, Any]:
         return json.loads((self.root / "state" / "npu_env.json").read_text())
@@ -173,7 +185,7 @@ def host(tmp_path_factory: pytest.TempPathFactory):
 
 def test_converge_is_idempotent_and_a_mount_change_recreates(host: ContainerHost) -> None:
     runner, stats, _ = host.play()
-    created = [e for e in task_events(runner, CREATE_TASK) if e["res"].get("changed")]
+    created = [e for e in task_events(runner, CREATE_TASK) if e.get("res", {}).get("changed")]
     assert created, "the first run must create the container"
     assert f"create: no container {host.name} yet" in plan_message(runner)
     first_id = host.container_id()
@@ -352,3 +364,63 @@ def test_a_stage_run_by_the_stage_role_runs_inside_and_its_timeout_ends_it(
     assert f"inside {host.name}" in stdout, "the stage script did not run in the container"
     child = int(child_file.read_text())
     assert not alive(child), f"the stage's child {child} in the container survived its timeout"
+
+
+@pytest.mark.skipif(not docker_ready(), reason="needs dockerd and the image (scripts/test-images)")
+def test_docker_engine_converges_idempotently_and_runs_inside(tmp_path: Path) -> None:
+    docker_host = ContainerHost(tmp_path, engine="docker", image=IMAGES[0])
+    try:
+        runner, _, _ = docker_host.play()
+        assert f"create: no container {docker_host.name} yet" in plan_message(runner)
+        first_id = docker_host.container_id()
+        _, stats, _ = docker_host.play()
+        assert stats["changed"].get(HOST, 0) == 0, f"second run changed something: {stats}"
+        assert docker_host.container_id() == first_id
+        out = subprocess.run(
+            [str(docker_host.wrapper), "sh", "-c", 'echo "$SPECFLEET_CONTAINER"'],
+            env={"PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert out.stdout.strip() == docker_host.name
+        assert docker_host.state()["container"]["engine"] == "docker"
+    finally:
+        subprocess.run(["docker", "rm", "--force", docker_host.name], capture_output=True)
+
+
+def test_image_archive_is_pushed_and_loaded_once(tmp_path: Path) -> None:
+    """Air-gapped: the image is not on the host, only an archive on the controller; the run
+    copies it to <root>/images, loads it and runs the container; the next run loads nothing."""
+    tag = f"localhost/specfleet-archive-test:{uuid.uuid4().hex[:8]}"
+    archive = tmp_path / "controller" / "image.tar"
+    archive.parent.mkdir()
+    podman("tag", IMAGE, tag)
+    try:
+        podman("save", "--output", str(archive), tag)
+        podman("untag", tag)
+        archive_host = ContainerHost(tmp_path / "host", image=tag)
+        archive_host.tmp.mkdir()
+        runner, _, _ = archive_host.play(specfleet_container_image_archive=str(archive))
+        loads = [
+            e
+            for e in task_events(runner, "Load the image archive")
+            if e.get("res", {}).get("changed")
+        ]
+        assert loads, "the archive must be loaded on a host without the image"
+        assert (archive_host.root / "images" / "image.tar").is_file()
+        assert podman("image", "exists", tag, check=False).returncode == 0
+        assert archive_host.container_id()
+        runner, stats, _ = archive_host.play(specfleet_container_image_archive=str(archive))
+        assert stats["changed"].get(HOST, 0) == 0, f"second run changed something: {stats}"
+        assert not [
+            e
+            for e in task_events(runner, "Load the image archive")
+            if e.get("res", {}).get("changed")
+        ]
+    finally:
+        for line in podman("ps", "-a", "--format", "{{.Names}} {{.Image}}").stdout.splitlines():
+            name, _, image = line.partition(" ")
+            if image == tag:
+                podman("rm", "--force", name, check=False)
+        podman("rmi", "--force", tag, check=False)
