@@ -3,8 +3,8 @@ up the stage container from a local Debian image, leaves it alone when nothing c
 recreates it when a mount changes (and says so under --check first), and what runs through
 run/specfleet-env runs inside it, where a stage's timeout and stop still reach every process.
 
-CPU profile (no NPU here). The image is one of scripts/test-images' (F's) when built, else
-any local bookworm image named below; without podman or an image the tests skip. The molecule
+CPU profile (no NPU here). The images are scripts/test-images' (`make test-images`); without
+podman or an image the tests skip. The molecule
 `container` scenario runs the whole pipeline in the container; this file is the quick check.
 """
 
@@ -31,7 +31,6 @@ HOST = "localhost"
 IMAGES = (
     "localhost/specfleet-test/cpu:bookworm",
     "localhost/specfleet-test/bookworm:latest",
-    "localhost/specfleet-e-test:bookworm",
 )
 CREATE_TASK = "Create, recreate or start the stage container"
 PLAN_TASK = "Show the plan for the stage container"
