@@ -5,7 +5,7 @@
 # Expects the vllm-ascend image quay.io/ascend/vllm-ascend:v0.23.0-a5
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
-PY=python3
+PY=/var/lib/specfleet/venv/bin/python
 OUT=/var/lib/specfleet/data/prepared
 mkdir -p "$(dirname /var/lib/specfleet/data/prompts.jsonl)"
 

@@ -6,7 +6,7 @@
 # Expects the vllm-ascend image quay.io/ascend/vllm-ascend:v0.23.0-a5
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
-PY=python3
+PY=/var/lib/specfleet/venv/bin/python
 SAVE=/var/lib/specfleet/train/checkpoints/d41052198626
 export TORCHDYNAMO_DISABLE=1
 # speculators logs metrics through rich: wide lines keep `val/loss_epoch=...` on one line.

@@ -6,7 +6,7 @@
 # Expects the vllm-ascend image quay.io/ascend/vllm-ascend:v0.23.0-a3
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
-PY=python3
+PY=/var/lib/specfleet/venv/bin/python
 RUN=/var/lib/specfleet/run
 OUT=/var/lib/specfleet/hidden_states
 DUMP=/var/lib/specfleet/hidden_states.dump

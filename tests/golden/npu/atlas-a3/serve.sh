@@ -7,7 +7,7 @@
 # Expects the vllm-ascend image quay.io/ascend/vllm-ascend:v0.23.0-a3
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
-PY=python3
+PY=/var/lib/specfleet/venv/bin/python
 RUN=/var/lib/specfleet/run
 WORK=/var/lib/specfleet/serve
 HOST=127.0.0.1
