@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup run check lint unit integration test-reliability molecule molecule-local test-hosts-deps test clean
+.PHONY: setup run check lint unit integration test-reliability molecule molecule-local molecule-container test-hosts-deps test-images test clean
 
 setup:  ## controller venv (ansible-core, molecule, testinfra, linters) + collections
 	@scripts/setup-controller
@@ -39,6 +39,11 @@ molecule-local: setup  ## the whole CPU pipeline on localhost: converge, idempot
 
 test-hosts-deps:  ## what scripts/test-hosts needs (root): sshd, ip, unshare
 	@scripts/test-hosts deps
+
+test-images:  ## container engines and test images (root): podman + runc, Debian's docker.io (dockerd started), images built from a debootstrap rootfs
+	@scripts/test-images deps
+	@scripts/test-images dockerd start
+	@scripts/test-images build --engine all
 
 test: lint unit integration molecule  ## everything CI runs
 
