@@ -219,6 +219,9 @@ class MockNpuHost:
             "ansible_python_interpreter": sys.executable,
             "specfleet_root": str(self.root),
             "specfleet_accelerator": "npu",
+            # The mock NPU is this machine itself, not an image: the host runtime (container
+            # is the npu profile's default; test_container_runtime.py covers it).
+            "specfleet_runtime": "host",
             "npu_env_npu_smi": str(MOCK_NPU_SMI),
             "specfleet_cann_env_files": self.cann_env_files,
             "specfleet_npu_python": str(self.npu_python),

@@ -1,0 +1,152 @@
+"""Tests for specfleet_helpers.container: the stage container's settings hash, run arguments
+and the plan (ok / start / create / recreate) from what `<engine> container inspect` prints.
+
+The engine itself is exercised for real by tests/integration/test_container_runtime.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from specfleet_helpers import container
+from specfleet_helpers.container import Wanted
+
+IMAGE_ID = "04095c3a4d272ef63079e14e26f7c4fe914b152e25ae3aaa2c7ae818cd126748"
+OTHER_ID = "a" * 64
+
+
+def wanted(**overrides) -> Wanted:
+    base = {
+        "engine": "podman",
+        "name": "specfleet",
+        "image": "localhost/vllm-ascend:v0.23.0",
+        "devices": ["/dev/davinci0", "/dev/davinci_manager"],
+        "mounts": ["/srv/sf:/srv/sf", "/usr/local/dcmi:/usr/local/dcmi:ro"],
+        "shm_size": "64g",
+    }
+    return Wanted(**{**base, **overrides})
+
+
+def inspected(w: Wanted, *, image_id: str = IMAGE_ID, running: bool = True) -> dict:
+    """The part of `container inspect` the plan reads, for a container made from w."""
+    labels = {}
+    for arg in container.run_argv(w):
+        if arg.startswith("--label="):
+            key, _, value = arg[len("--label=") :].partition("=")
+            labels[key] = value
+    # Docker prefixes ids with the digest algorithm; Podman does not.
+    return {
+        "Image": f"sha256:{image_id}",
+        "Config": {"Labels": labels},
+        "State": {"Running": running},
+    }
+
+
+def test_unchanged_container_is_ok() -> None:
+    w = wanted()
+    plan = container.decide(inspected(w), w, IMAGE_ID)
+    assert plan["action"] == "ok", plan
+    assert plan["reason"] == ""
+    assert plan["settings_hash"] == container.settings_hash(w.settings())
+
+
+def test_no_container_is_created() -> None:
+    plan = container.decide(None, wanted(), IMAGE_ID)
+    assert plan["action"] == "create"
+    assert "no container specfleet" in plan["reason"]
+
+
+def test_a_changed_mount_recreates_and_names_the_mount() -> None:
+    old = wanted()
+    new = wanted(mounts=[*old.mounts, "/root/.cache:/root/.cache"])
+    plan = container.decide(inspected(old), new, IMAGE_ID)
+    assert plan["action"] == "recreate"
+    assert "mounts +/root/.cache:/root/.cache" in plan["reason"], plan["reason"]
+    assert "image" not in plan["reason"]
+
+
+def test_a_removed_device_recreates_and_names_it() -> None:
+    old = wanted()
+    new = wanted(devices=["/dev/davinci_manager"])
+    plan = container.decide(inspected(old), new, IMAGE_ID)
+    assert plan["action"] == "recreate"
+    assert "devices -/dev/davinci0" in plan["reason"]
+
+
+def test_a_new_image_id_recreates() -> None:
+    w = wanted()
+    plan = container.decide(inspected(w, image_id=OTHER_ID), w, IMAGE_ID)
+    assert plan["action"] == "recreate"
+    assert f"image changed: runs {OTHER_ID[:12]}" in plan["reason"]
+    assert "run settings" not in plan["reason"]
+
+
+def test_shm_and_run_args_are_settings() -> None:
+    w = wanted()
+    for changed in (wanted(shm_size="32g"), wanted(run_args=["--runtime=runc"])):
+        assert container.decide(inspected(w), changed, IMAGE_ID)["action"] == "recreate"
+
+
+def test_a_stopped_container_is_started_not_recreated() -> None:
+    w = wanted()
+    plan = container.decide(inspected(w, running=False), w, IMAGE_ID)
+    assert plan["action"] == "start"
+
+
+def test_a_container_without_labels_is_recreated() -> None:
+    foreign = {"Image": IMAGE_ID, "Config": {"Labels": None}, "State": {"Running": True}}
+    plan = container.decide(foreign, wanted(), IMAGE_ID)
+    assert plan["action"] == "recreate"
+    assert "not made by specfleet" in plan["reason"]
+
+
+def test_missing_image_under_check_is_a_recreate_with_reason() -> None:
+    w = wanted()
+    plan = container.decide(inspected(w), w, "")
+    assert plan["action"] == "recreate"
+    assert "is not on the host yet" in plan["reason"]
+
+
+def test_duplicates_do_not_change_the_hash() -> None:
+    a = wanted()
+    b = wanted(mounts=[*a.mounts, a.mounts[0]])
+    assert container.settings_hash(a.settings()) == container.settings_hash(b.settings())
+
+
+def test_run_argv_shares_host_namespaces_and_marks_the_inside() -> None:
+    w = wanted(env={"FOO": "1"}, run_args=["--runtime=runc"], command=["sleep", "infinity"])
+    argv = container.run_argv(w)
+    assert argv[:5] == ["podman", "run", "--detach", "--name", "specfleet"]
+    # Pids in the run dir and the servers' loopback must mean the same inside and outside.
+    assert "--network=host" in argv and "--pid=host" in argv
+    assert "--device=/dev/davinci0" in argv
+    assert "--volume=/usr/local/dcmi:/usr/local/dcmi:ro" in argv
+    assert "--shm-size=64g" in argv
+    assert "--env=SPECFLEET_CONTAINER=specfleet" in argv and "--env=FOO=1" in argv
+    # Extra run arguments go before the image, the command after it.
+    assert argv.index("--runtime=runc") < argv.index(w.image)
+    assert argv[-3:] == [w.image, "sleep", "infinity"]
+    settings_label = next(a for a in argv if a.startswith(f"--label={container.LABEL_SETTINGS}="))
+    assert json.loads(settings_label.split("=", 2)[2]) == w.settings()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("sha256:abc", "abc"), ("abc\n", "abc"), ("", ""), (None, "")]
+)
+def test_normalize_id(text, expected) -> None:
+    assert container.normalize_id(text) == expected
+
+
+def test_cli_rejects_a_bad_command(capsys) -> None:
+    with pytest.raises(SystemExit):
+        container.main(
+            ["plan", "--engine=podman", "--name=x", "--image=i", "--command=sleep infinity"]
+        )
+    assert "is not JSON" in capsys.readouterr().err
+
+
+def test_cli_help() -> None:
+    with pytest.raises(SystemExit) as exc:
+        container.main(["--help"])
+    assert exc.value.code == 0
