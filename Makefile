@@ -34,6 +34,9 @@ test-reliability: setup  ## slow: runs killed (SIGINT/SIGKILL), vLLM dying, corr
 molecule: setup test-hosts-deps  ## three real hosts (atlas-a2, atlas-a3, ascend-950): converge, idempotence, a host broken on purpose, verify
 	$(BIN)/molecule test -s fleet
 
+molecule-container: setup test-images  ## the whole CPU pipeline inside a podman container on localhost: converge, idempotence (container kept), a mount added (container recreated, no stage redone), verify
+	$(BIN)/molecule test -s container
+
 molecule-local: setup  ## the whole CPU pipeline on localhost: converge, idempotence, train_epochs changed, verify
 	$(BIN)/molecule test -s default
 
@@ -45,7 +48,7 @@ test-images:  ## container engines and test images (root): podman + runc, Debian
 	@scripts/test-images dockerd start
 	@scripts/test-images build --engine all
 
-test: lint unit integration molecule  ## everything CI runs
+test: lint unit integration molecule molecule-container  ## everything CI runs
 
 clean:  ## remove the local work root and caches (not the controller venv)
 	rm -rf .work .cache reports
