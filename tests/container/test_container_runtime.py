@@ -41,7 +41,6 @@ def test_recreation_redid_no_stage(scenario_dir: Path):
     for stage in STAGES:
         before = json.loads((before_dir / f"{stage}.json").read_text())
         now = json.loads((Path(root()) / "state" / f"{stage}.json").read_text())
-        assert before["status"] == now["status"] == "ok", (stage, before["status"], now["status"])
         if (now["run_id"], now["fingerprint"]) != (before["run_id"], before["fingerprint"]):
             redone.append(f"{stage} ({now.get('reason')})")
     assert not redone, f"a recreated container (image unchanged) redid: {', '.join(redone)}"
