@@ -231,6 +231,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--mount", action="append", default=[], help="HOST:CONTAINER[:OPTIONS]")
     parser.add_argument("--shm-size", default="", help="e.g. 64g")
     parser.add_argument("--env", action="append", default=[], type=_env_pair, help="NAME=VALUE")
+    parser.add_argument("--env-json", default="{}", help="JSON object of more NAME: VALUE pairs")
     parser.add_argument("--run-arg", action="append", default=[], help="extra run argument")
     parser.add_argument(
         "--command",
@@ -244,6 +245,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(f"--command {args.command!r} is not JSON")
     if not isinstance(command, list) or not command:
         parser.error("--command must be a non-empty JSON list")
+    try:
+        env_json = json.loads(args.env_json)
+    except ValueError:
+        parser.error(f"--env-json {args.env_json!r} is not JSON")
+    if not isinstance(env_json, dict):
+        parser.error("--env-json must be a JSON object")
     wanted = Wanted(
         engine=args.engine,
         name=args.name,
@@ -251,7 +258,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         devices=args.device,
         mounts=args.mount,
         shm_size=args.shm_size,
-        env=dict(args.env),
+        env={**{str(k): str(v) for k, v in env_json.items()}, **dict(args.env)},
         run_args=args.run_arg,
         command=[str(c) for c in command],
     )

@@ -150,3 +150,17 @@ def test_cli_help() -> None:
     with pytest.raises(SystemExit) as exc:
         container.main(["--help"])
     assert exc.value.code == 0
+
+
+def test_cli_plan_passes_env_json_into_the_settings(monkeypatch, capsys) -> None:
+    seen = {}
+
+    def fake_plan(w: Wanted) -> dict:
+        seen["env"] = w.env
+        return {"action": "ok"}
+
+    monkeypatch.setattr(container, "plan", fake_plan)
+    argv = ["plan", "--engine=podman", "--name=x", "--image=i", "--env=A=1"]
+    container.main([*argv, '--env-json={"B": 2}'])
+    assert seen["env"] == {"A": "1", "B": "2"}
+    assert json.loads(capsys.readouterr().out) == {"action": "ok"}
