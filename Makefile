@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup run check lint unit integration test-reliability molecule molecule-local test-hosts-deps test clean
+.PHONY: setup run check lint unit integration test-reliability molecule molecule-local molecule-container test-hosts-deps test-images test clean
 
 setup:  ## controller venv (ansible-core, molecule, testinfra, linters) + collections
 	@scripts/setup-controller
@@ -37,13 +37,21 @@ test-reliability: setup  ## slow: runs killed (SIGINT/SIGKILL), vLLM dying, corr
 molecule: setup test-hosts-deps  ## three real hosts (atlas-a2, atlas-a3, ascend-950): converge, idempotence, a host broken on purpose, verify
 	$(BIN)/molecule test -s fleet
 
+molecule-container: setup test-images  ## the whole CPU pipeline inside a podman container on localhost: converge, idempotence (container kept), a mount added (container recreated, no stage redone), verify
+	$(BIN)/molecule test -s container
+
 molecule-local: setup  ## the whole CPU pipeline on localhost: converge, idempotence, train_epochs changed, verify
 	$(BIN)/molecule test -s default
 
 test-hosts-deps:  ## what scripts/test-hosts needs (root): sshd, ip, unshare
 	@scripts/test-hosts deps
 
-test: lint unit integration molecule  ## everything CI runs
+test-images:  ## container engines and test images (root): podman + runc, Debian's docker.io (dockerd started), images built from a debootstrap rootfs
+	@scripts/test-images deps
+	@scripts/test-images dockerd start
+	@scripts/test-images build --engine all
+
+test: lint unit integration molecule molecule-container  ## everything CI runs
 
 clean:  ## remove the local work root and caches (not the controller venv)
 	rm -rf .work .cache reports
