@@ -560,6 +560,8 @@ def test_wheelhouse_downloads_for_the_image_python(
     assert_constraints_pin_the_image(npu_host, image)
 
 
+# A second whole download (for another target), so in the reliability suite, not CI's budget.
+@pytest.mark.slow
 def test_wheelhouse_wheel_that_does_not_fit_is_named_before_pushing(
     npu_host: MockNpuHost, image_python: Callable[..., ImagePython], wheel_cache: Path
 ) -> None:
