@@ -505,10 +505,12 @@ def test_cann_environment_is_the_image_entrypoints(npu_host: MockNpuHost) -> Non
         )
     ]
     assert checked, "the torch_npu check did not run"
+    # argv [..., '/bin/bash', '-c', SCRIPT]: run where the stages run (on this host, no prefix)
+    script = checked[0][-1] if isinstance(checked[0], list) else checked[0]
     for line in (
         f". {npu_host.toolkit_env}",
         f". {npu_host.ir_env}",
         f". {npu_host.atb_env} --cxx_abi=1",
         "export LD_LIBRARY_PATH=/usr/local/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}",
     ):
-        assert line in checked[0], (line, checked[0])
+        assert line in script, (line, script)
