@@ -52,7 +52,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import MOCK_DISTRIBUTIONS, free_port
-from test_speculators_sources import TAG, speculators_git_repo  # noqa: F401 - a fixture
+from test_speculators_sources import TAG, run, speculators_git_repo  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +63,6 @@ NPU_SMI_FIXTURES = REPO / "tests" / "fixtures" / "npu-smi"
 MOCK_REPO = "localhost/specfleet-mock/vllm-ascend"
 MOCK_VERSION = "v0.23.0"
 IMAGE_PYTHON = "/usr/local/python3.12.13/bin/python3"
-CMD_TIMEOUT_S = 600
 # First run: pip resolves and downloads speculators' dependencies for three hosts.
 RUN_TIMEOUT_S = 40 * 60
 STAGE = "speculators_install"
@@ -115,16 +114,6 @@ class MockHost:
     @property
     def used_ids(self) -> list[int]:
         return list(range(self.device_count)) if self.devices == "all" else list(self.devices)
-
-
-def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    kwargs.setdefault("timeout", CMD_TIMEOUT_S)
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
-    assert proc.returncode == 0, (
-        f"{' '.join(argv)} failed (rc {proc.returncode})\n{proc.stdout[-3000:]}\n"
-        f"{proc.stderr[-3000:]}"
-    )
-    return proc
 
 
 def docker_cli() -> str:
