@@ -1,6 +1,6 @@
 """Show a running stage's progress while Ansible polls it.
 
-The stage role polls `specfleet_helpers.stage_run status` with `until`; every retry
+The stage role polls `specfleet_helpers.host.stage_run status` with `until`; every retry
 carries the stage's state as JSON. This callback prints it as one line per host:
 
     [a2-node01] train: running 2m31s | step: torchrun epoch 1 | last: ... loss=3.21
@@ -23,7 +23,7 @@ requirements:
   - enable in ansible.cfg (callbacks_enabled)
 """
 
-# The host lock (specfleet_helpers.host_lock) records the controller process that holds it,
+# The host lock (specfleet_helpers.host.host_lock) records the controller process that holds it,
 # so a later run on the same controller can tell a dead run's lock from a live one. This
 # module is loaded in the main ansible-playbook process before any worker forks; workers
 # inherit the environment, and `lookup('env', 'SPECFLEET_CONTROLLER_PID')` reads it there.

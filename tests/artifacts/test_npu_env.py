@@ -39,7 +39,7 @@ def test_env_wrapper_runs_commands(host, root):
 
 def test_helpers_shipped_and_importable(host, root):
     result = host.run(
-        "%s python3 -m specfleet_helpers.stage_run --help", f"{root}/run/specfleet-env"
+        "%s python3 -m specfleet_helpers.host.stage_run --help", f"{root}/run/specfleet-env"
     )
     assert result.rc == 0 and "stage script" in result.stdout, result.stdout + result.stderr
 

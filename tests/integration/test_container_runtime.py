@@ -24,6 +24,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
+STAGE_RUN = "specfleet_helpers.host.stage_run"
 REPO = Path(__file__).resolve().parents[2]
 PLAYBOOK = REPO / "playbooks" / "provision.yml"
 HOST = "localhost"
@@ -271,7 +272,7 @@ def test_stage_timeout_and_stop_end_what_runs_inside(host: ContainerHost, ending
     helpers = {"PYTHONPATH": f"{host.root}/lib/specfleet_helpers.zip", "PATH": os.environ["PATH"]}
     started = subprocess.run(
         [
-            *(str(host.wrapper), "/usr/bin/python3", "-m", "specfleet_helpers.stage_run", "start"),
+            *(str(host.wrapper), "/usr/bin/python3", "-m", STAGE_RUN, "start"),
             *(f"--name={name}", f"--run-dir={run_dir}", f"--log={host.root}/logs/{name}.log"),
             *(f"--script={script}", f"--timeout={timeout}"),
         ],
@@ -290,12 +291,12 @@ def test_stage_timeout_and_stop_end_what_runs_inside(host: ContainerHost, ending
     assert container_pid(child, host.name), "the stage's child must run inside the container"
     assert container_pid(script_pid, host.name)
 
-    status_cmd = [sys.executable, "-m", "specfleet_helpers.stage_run", "status", f"--name={name}"]
+    status_cmd = [sys.executable, "-m", STAGE_RUN, "status", f"--name={name}"]
     status_cmd += [f"--run-dir={run_dir}", f"--log={host.root}/logs/{name}.log"]
     running = json.loads(subprocess.check_output(status_cmd, env=helpers, text=True))
     assert running["state"] == "running", running
     if ending == "stop":
-        stop_cmd = [sys.executable, "-m", "specfleet_helpers.stage_run", "stop", f"--name={name}"]
+        stop_cmd = [sys.executable, "-m", STAGE_RUN, "stop", f"--name={name}"]
         stopped = json.loads(
             subprocess.check_output([*stop_cmd, f"--run-dir={run_dir}"], env=helpers, text=True)
         )

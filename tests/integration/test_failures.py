@@ -614,7 +614,8 @@ def acquiring(lock_file: Path) -> bool:
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         with contextlib.suppress(OSError):
             argv = cmdline.read_bytes().split(b"\0")
-            if b"specfleet_helpers.host_lock" in argv and f"--lock={lock_file}".encode() in argv:
+            lock_arg = f"--lock={lock_file}".encode()
+            if b"specfleet_helpers.host.host_lock" in argv and lock_arg in argv:
                 return True
     return False
 

@@ -239,7 +239,7 @@ class Pipeline:
             hs = stamps["hidden_states"]
             models = stamps["models"]["metrics"]["verifier"]
             result = self.helper(
-                "specfleet_helpers.hs_check",
+                "specfleet_helpers.checks.hs_check",
                 f"--dir={hs['artifacts']['hidden_states']}",
                 f"--rows={stamps['data']['metrics']['rows']}",
                 f"--layers={len(hs['inputs']['target_layer_ids']) + 1}",
@@ -247,7 +247,7 @@ class Pipeline:
             )
         else:
             result = self.helper(
-                "specfleet_helpers.checkpoint",
+                "specfleet_helpers.stages.checkpoint",
                 "verify",
                 f"--out={stamps[stage]['artifacts']['draft']}",
             )
@@ -429,7 +429,7 @@ def stage_running(pipeline: Pipeline, stage: str, phase: str) -> Optional[dict[s
         if phase == "generate" and not client:
             return None
         return {**info, "server": server["pid"], "worker": client}
-    worker = find_process(pipeline.root, "specfleet_helpers.train_cpu")
+    worker = find_process(pipeline.root, "specfleet_helpers.cpu.train_launcher")
     return {**info, "worker": worker} if worker else None
 
 

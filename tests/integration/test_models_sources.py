@@ -368,7 +368,7 @@ class ModelsHost:
             [
                 str(CONTROLLER_PYTHON),
                 "-m",
-                "specfleet_helpers.stage_run",
+                "specfleet_helpers.host.stage_run",
                 "stop",
                 f"--name={STAGE}",
                 f"--run-dir={self.root / 'run'}",
@@ -427,7 +427,7 @@ def tiny(venv: Path, tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
         ["draft", "--verifier", str(built["verifier"]), "--out", str(built["draft"])],
     ):
         proc = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "specfleet_helpers.tiny_models", *argv],
+            [str(venv / "bin" / "python"), "-m", "specfleet_helpers.cpu.tiny_models", *argv],
             env=env,
             capture_output=True,
             text=True,

@@ -333,7 +333,7 @@ class Work:
             [
                 str(CONTROLLER_PYTHON),
                 "-m",
-                "specfleet_helpers.stage_run",
+                "specfleet_helpers.host.stage_run",
                 "stop",
                 f"--name={STAGE}",
                 f"--run-dir={self.root / 'run'}",

@@ -55,15 +55,15 @@ def test_zip_contents(tmp_path):
         infos = zf.infolist()
         names = [info.filename for info in infos]
         assert "specfleet_helpers/__init__.py" in names
-        assert "specfleet_helpers/stage_run.py" in names
+        assert "specfleet_helpers/host/stage_run.py" in names
         assert names == sorted(names)
         assert all(name.startswith("specfleet_helpers/") for name in names)
         assert all(name.endswith(".py") for name in names)
         assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]
         assert {info.date_time for info in infos} == {bundle.FIXED_TIME}
         assert (
-            zf.read("specfleet_helpers/stage_run.py")
-            == (bundle.PACKAGE_DIR / "stage_run.py").read_bytes()
+            zf.read("specfleet_helpers/host/stage_run.py")
+            == (bundle.PACKAGE_DIR / "host" / "stage_run.py").read_bytes()
         )
     expected = sorted(
         p.relative_to(bundle.PACKAGE_DIR).as_posix()
@@ -77,11 +77,11 @@ def test_a_module_runs_from_the_zip(tmp_path):
     out = bundle.build(tmp_path / "helpers.zip")
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
-    proc = run_python(["-m", "specfleet_helpers.stage_run", "--help"], out, elsewhere)
+    proc = run_python(["-m", "specfleet_helpers.host.stage_run", "--help"], out, elsewhere)
     assert proc.returncode == 0, proc.stderr
-    assert "python -m specfleet_helpers.stage_run" in proc.stdout
+    assert "python -m specfleet_helpers.host.stage_run" in proc.stdout
     where = run_python(
-        ["-c", "import specfleet_helpers.stage_run as m; print(m.__file__)"], out, elsewhere
+        ["-c", "import specfleet_helpers.host.stage_run as m; print(m.__file__)"], out, elsewhere
     )
     assert where.returncode == 0, where.stderr
     assert where.stdout.strip().startswith(str(out))

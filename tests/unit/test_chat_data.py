@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.chat_data.
+"""Tests for specfleet_helpers.stages.chat_data.
 
 Validation, JSONL parsing and the mask construction run in-process (no torch/transformers; a
 fake tokenizer stands in for the chat template). The real tokenization runs the module's CLI
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specfleet_helpers.chat_data import (
+from specfleet_helpers.stages.chat_data import (
     SMOKE_ANSWER,
     DataError,
     Record,
@@ -548,7 +548,8 @@ def cli_runs(verifier_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
         "smoke": ["--out", str(work / "smoke.jsonl")],
         "conversations": ["--out", str(work / "chats-out.jsonl"), "--input", str(chats)],
     }
-    cli = [str(venv_python()), "-m", "specfleet_helpers.chat_data", "--model", str(verifier_dir)]
+    cli = [str(venv_python()), "-m", "specfleet_helpers.stages.chat_data"]
+    cli += ["--model", str(verifier_dir)]
     procs = {
         name: subprocess.Popen(
             [*cli, *args],
@@ -608,7 +609,7 @@ def test_cli_in_the_venv_rejects_bad_rows_before_writing(verifier_dir: Path, tmp
     out = tmp_path / "p.jsonl"
     proc = run_venv(
         "-m",
-        "specfleet_helpers.chat_data",
+        "specfleet_helpers.stages.chat_data",
         "--model",
         str(verifier_dir),
         "--out",
@@ -627,7 +628,7 @@ def test_cli_in_the_venv_rejects_bad_rows_before_writing(verifier_dir: Path, tmp
 
 def test_help_runs_without_heavy_imports():
     proc = subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.chat_data", "--help"],
+        [sys.executable, "-m", "specfleet_helpers.stages.chat_data", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

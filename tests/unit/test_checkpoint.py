@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.checkpoint: selection, atomic publish, log metrics, verify.
+"""Tests for specfleet_helpers.stages.checkpoint: selection, atomic publish, log metrics, verify.
 
 Everything here is in-process and needs no torch: checkpoints are laid out as
 speculators.train 0.9.0 writes them, with a small but valid safetensors file. The real
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specfleet_helpers import checkpoint
-from specfleet_helpers.checkpoint import (
+from specfleet_helpers.stages import checkpoint
+from specfleet_helpers.stages.checkpoint import (
     BadInput,
     CheckpointError,
     collect_metrics,
@@ -402,7 +402,7 @@ def test_help_describes_both_commands(capsys):
 
 # ----------------------------------------------------------------------------- log metrics
 
-# Lines of a real `python -m specfleet_helpers.train_cpu ...` log written with COLUMNS=200
+# Lines of a real `python -m specfleet_helpers.cpu.train_launcher ...` log written with COLUMNS=200
 # (speculators 0.9.0, rich logging): long records still wrap onto indented lines.
 REAL_LOG = (
     "           INFO     No vocab mappings provided. Regenerating from token frequenc"

@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.container: the stage container's settings hash, run arguments
+"""Tests for specfleet_helpers.host.container: the stage container's settings hash, run arguments
 and the plan (ok / start / create / recreate) from what `<engine> container inspect` prints.
 
 The engine itself is exercised for real by tests/integration/test_container_runtime.py.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from specfleet_helpers import container
-from specfleet_helpers.container import Wanted
+from specfleet_helpers.host import container
+from specfleet_helpers.host.container import Wanted
 
 IMAGE_ID = "04095c3a4d272ef63079e14e26f7c4fe914b152e25ae3aaa2c7ae818cd126748"
 OTHER_ID = "a" * 64

@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.convert.
+"""Tests for specfleet_helpers.stages.convert.
 
 The input checks and the output verification run in-process on hand-written configs and
 safetensors files (no torch). A real conversion runs the module's CLI with the CPU venv's
@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specfleet_helpers.convert import (
+from specfleet_helpers.checks.model_check import check_model
+from specfleet_helpers.stages.convert import (
     CHECKSUMS,
     ConvertError,
     ConvertInputError,
@@ -32,7 +33,6 @@ from specfleet_helpers.convert import (
     publish,
     verify_output,
 )
-from specfleet_helpers.model_check import check_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HELPERS = REPO_ROOT / "python_helpers"
@@ -583,7 +583,7 @@ def run_venv(*args: str) -> subprocess.CompletedProcess[str]:
 def run_controller(*args: str) -> subprocess.CompletedProcess[str]:
     """The module on the interpreter running the tests (no torch): `verify` needs none."""
     return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.convert", *args],
+        [sys.executable, "-m", "specfleet_helpers.stages.convert", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -607,7 +607,7 @@ def conversion(tiny_models: Path) -> tuple[dict[str, Any], Path]:
     (out / "stale-file").write_text("from an older conversion")
     proc = run_venv(
         "-m",
-        "specfleet_helpers.convert",
+        "specfleet_helpers.stages.convert",
         "run",
         "--draft",
         str(tiny_models / "draft"),
@@ -669,7 +669,7 @@ def test_real_mismatch_fails_before_converting(tiny_models: Path, tmp_path: Path
     out = tmp_path / "out"
     proc = run_venv(
         "-m",
-        "specfleet_helpers.convert",
+        "specfleet_helpers.stages.convert",
         "run",
         "--draft",
         str(draft),

@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.fleet_report: real input documents written to tmp_path, the
+"""Tests for specfleet_helpers.report.fleet_report: real input documents written to tmp_path, the
 CLI's main() run on them, and the three written files parsed back (JSON, markdown text,
 junit XML with ElementTree)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
 import pytest
-from specfleet_helpers import fleet_report
+from specfleet_helpers.report import fleet_report
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HELPERS = REPO_ROOT / "python_helpers"
@@ -626,7 +626,7 @@ def test_empty_fleet_is_not_green(tmp_path, capsys):
 
 def test_cli_help_and_module_entry(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(HELPERS)}
-    cmd = [sys.executable, "-m", "specfleet_helpers.fleet_report"]
+    cmd = [sys.executable, "-m", "specfleet_helpers.report.fleet_report"]
     helped = subprocess.run([*cmd, "--help"], capture_output=True, text=True, env=env, timeout=60)
     assert helped.returncode == 0 and "--artifact-junit" in helped.stdout
     src = tmp_path / "hosts.json"

@@ -1,6 +1,6 @@
-"""Tests for specfleet_helpers.host_lock with real files and real processes.
+"""Tests for specfleet_helpers.host.host_lock with real files and real processes.
 
-The command line runs the way Ansible runs it (``python -m specfleet_helpers.host_lock``),
+The command line runs the way Ansible runs it (``python -m specfleet_helpers.host.host_lock``),
 under a directory whose name has spaces; the race test starts several processes at the
 same instant against one lock file.
 """
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from specfleet_helpers import host_lock
+from specfleet_helpers.host import host_lock
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HELPERS = REPO_ROOT / "python_helpers"
@@ -28,7 +28,7 @@ OWNER = {"controller": "ctl1", "pid": 1234, "user": "root", "playbook": "site.ym
 
 def cli(*args: object, timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.host_lock", *(str(a) for a in args)],
+        [sys.executable, "-m", "specfleet_helpers.host.host_lock", *(str(a) for a in args)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -133,7 +133,7 @@ def test_waiter_gets_the_lock_once_the_holder_releases_it(lock: Path):
         [
             sys.executable,
             "-m",
-            "specfleet_helpers.host_lock",
+            "specfleet_helpers.host.host_lock",
             "acquire",
             "--lock",
             str(lock),
@@ -335,7 +335,7 @@ def test_bad_owner_is_a_usage_error(lock: Path):
 def test_help(command: list[str]):
     shown = cli(*command, "--help")
     assert shown.returncode == 0
-    assert shown.stdout.startswith("usage: python -m specfleet_helpers.host_lock")
+    assert shown.stdout.startswith("usage: python -m specfleet_helpers.host.host_lock")
 
 
 def _contend(lock: str, token: str, go, results) -> None:
@@ -383,7 +383,7 @@ def test_concurrent_cli_acquirers_exactly_one_wins(lock: Path):
             [
                 sys.executable,
                 "-m",
-                "specfleet_helpers.host_lock",
+                "specfleet_helpers.host.host_lock",
                 "acquire",
                 "--lock",
                 str(lock),
@@ -414,7 +414,7 @@ def test_taking_over_stops_what_the_abandoned_run_left_running(lock: Path):
     import socket
 
     from procutil import pid_alive, wait_until
-    from specfleet_helpers import stage_run, vllm_server
+    from specfleet_helpers.host import stage_run, vllm_server
 
     run_dir = lock.parent
     script = run_dir / "slow.sh"

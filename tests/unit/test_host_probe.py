@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.host_probe: /proc parsing on literal samples, and ports,
+"""Tests for specfleet_helpers.host.host_probe: /proc parsing on literal samples, and ports,
 interpreters and the CLI against this machine for real."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from specfleet_helpers.host_probe import (
+from specfleet_helpers.host.host_probe import (
     cpu_flags,
     disk_free_gb,
     existing_ancestor,
@@ -226,7 +226,7 @@ def test_cli_json(tmp_path, listening_port):
         [
             sys.executable,
             "-m",
-            "specfleet_helpers.host_probe",
+            "specfleet_helpers.host.host_probe",
             f"--root={tmp_path / 'work' / 'root'}",
             f"--disk={tmp_path / 'cache' / 'hub'}",
             f"--port={listening_port}",

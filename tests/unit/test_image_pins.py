@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.image_pins: the image's whole package list pinned, a changed
+"""Tests for specfleet_helpers.stages.image_pins: the image's whole package list pinned, a changed
 preinstalled distribution named after installing, and the wheelhouse's stand-in wheels."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from specfleet_helpers.image_pins import (
+from specfleet_helpers.host.wheel_tags import parse_wheel_filename
+from specfleet_helpers.stages.image_pins import (
     additions,
     changes,
     constraint_lines,
@@ -21,7 +22,6 @@ from specfleet_helpers.image_pins import (
     snapshot,
     stub_wheel,
 )
-from specfleet_helpers.wheel_tags import parse_wheel_filename
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HELPERS = REPO_ROOT / "python_helpers"
@@ -131,7 +131,7 @@ def fake_dist(site: Path, name: str, version: str) -> None:
 def run_cli(site: Path, *args: str) -> subprocess.CompletedProcess:
     # -S: no site-packages of the interpreter running the tests, only the fake image's.
     return subprocess.run(
-        [sys.executable, "-S", "-m", "specfleet_helpers.image_pins", *args],
+        [sys.executable, "-S", "-m", "specfleet_helpers.stages.image_pins", *args],
         capture_output=True,
         text=True,
         timeout=120,

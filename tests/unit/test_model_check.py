@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.model_check on hand-built safetensors files (no torch)."""
+"""Tests for specfleet_helpers.checks.model_check on hand-built safetensors files (no torch)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from specfleet_helpers.model_check import (
+from specfleet_helpers.checks.model_check import (
     ModelCheckError,
     check_model,
     main,
@@ -317,7 +317,7 @@ def test_main_reports_reason_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFi
 def test_cli_runs_as_module(tmp_path: Path):
     model = make_sharded(tmp_path / "m")
     proc = subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.model_check", str(model)],
+        [sys.executable, "-m", "specfleet_helpers.checks.model_check", str(model)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,5 +1,5 @@
-"""Tests for specfleet_helpers.models_fetch's cache layout (the download itself runs against a
-local fake ModelScope in tests/integration/test_models_sources.py)."""
+"""Tests for specfleet_helpers.stages.models_fetch's cache layout (the download itself runs
+against a local fake ModelScope in tests/integration/test_models_sources.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specfleet_helpers.models_fetch import adopt_legacy_copy, main, runbook_path
+from specfleet_helpers.stages.models_fetch import adopt_legacy_copy, main, runbook_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def test_nothing_to_move(tmp_path):
 
 def test_help_names_the_layout():
     proc = subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.models_fetch", "--help"],
+        [sys.executable, "-m", "specfleet_helpers.stages.models_fetch", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

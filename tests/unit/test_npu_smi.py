@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.npu_smi against recorded real npu-smi outputs.
+"""Tests for specfleet_helpers.host.npu_smi against recorded real npu-smi outputs.
 
 The fixtures are in tests/fixtures/npu-smi; SOURCES.md there says where each one came from.
 The expected values below were read off the fixture text.
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from specfleet_helpers.npu_smi import (
+from specfleet_helpers.host.npu_smi import (
     Chip,
     NpuProcess,
     NpuSmiInfo,
@@ -684,7 +684,7 @@ def run_cli(*args: str, path: str | None = None) -> subprocess.CompletedProcess[
     if path is not None:
         env["PATH"] = path
     return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.npu_smi", *args],
+        [sys.executable, "-m", "specfleet_helpers.host.npu_smi", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.serve_check: the Prometheus parser and acceptance math on
+"""Tests for specfleet_helpers.checks.serve_check: the Prometheus parser and acceptance math on
 literal text, and the client paths against a small fake OpenAI-compatible server on
 127.0.0.1 (a real HTTP server in a thread)."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specfleet_helpers import serve_check
-from specfleet_helpers.serve_check import (
+from specfleet_helpers.checks import serve_check
+from specfleet_helpers.checks.serve_check import (
     ACCEPTED,
     DRAFT_TOKENS,
     DRAFTS,
@@ -209,7 +209,7 @@ def fake():
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.serve_check", *args],
+        [sys.executable, "-m", "specfleet_helpers.checks.serve_check", *args],
         capture_output=True,
         text=True,
         timeout=60,

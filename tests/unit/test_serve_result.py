@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.serve_result: combine the serve checks into result.json and
+"""Tests for specfleet_helpers.stages.serve_result: combine the serve checks into result.json and
 verify it, including the API key check (a server with a key must have refused a request
 without it)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specfleet_helpers import serve_result
+from specfleet_helpers.stages import serve_result
 
 HELPERS = Path(__file__).resolve().parents[2] / "python_helpers"
 
@@ -42,7 +42,7 @@ def write(path: Path, data: dict[str, Any]) -> Path:
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.serve_result", *args],
+        [sys.executable, "-m", "specfleet_helpers.stages.serve_result", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.stack_report against the interpreter running the tests."""
+"""Tests for specfleet_helpers.checks.stack_report against the interpreter running the tests."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from specfleet_helpers.stack_report import (
+from specfleet_helpers.checks.stack_report import (
     check_expectations,
     constraints,
     distribution_versions,
@@ -27,7 +27,7 @@ PYTEST_VERSION = pytest.__version__
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.stack_report", *args],
+        [sys.executable, "-m", "specfleet_helpers.checks.stack_report", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -140,7 +140,7 @@ def test_editable_expectations(tmp_path):
 
     def run(*args):
         return subprocess.run(
-            [sys.executable, "-m", "specfleet_helpers.stack_report", *args],
+            [sys.executable, "-m", "specfleet_helpers.checks.stack_report", *args],
             capture_output=True,
             text=True,
             env=env,
@@ -195,7 +195,7 @@ def test_cli_npu_reports_the_soc_and_the_visible_devices():
         "ASCEND_RT_VISIBLE_DEVICES": "0,1",
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.stack_report", "--npu", "--dist=pytest"],
+        [sys.executable, "-m", "specfleet_helpers.checks.stack_report", "--npu", "--dist=pytest"],
         capture_output=True,
         text=True,
         timeout=120,

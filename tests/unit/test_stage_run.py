@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.stage_run with real detached bash scripts.
+"""Tests for specfleet_helpers.host.stage_run with real detached bash scripts.
 
 Every stage here is a real process group started by the helper; the tests poll it the way
 the stage role does and check, with signal 0, that nothing it started is left behind.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from procutil import pid_alive, wait_until
-from specfleet_helpers import stage_run
+from specfleet_helpers.host import stage_run
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HELPERS = REPO_ROOT / "python_helpers"
@@ -53,7 +53,7 @@ class Stage:
             [
                 sys.executable,
                 "-m",
-                "specfleet_helpers.stage_run",
+                "specfleet_helpers.host.stage_run",
                 "start",
                 f"--name={self.name}",
                 f"--run-dir={self.run_dir}",
@@ -258,7 +258,7 @@ def test_cli_rejects_a_missing_script(tmp_path):
         [
             sys.executable,
             "-m",
-            "specfleet_helpers.stage_run",
+            "specfleet_helpers.host.stage_run",
             "start",
             "--name=x",
             f"--run-dir={tmp_path / 'run'}",

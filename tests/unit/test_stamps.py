@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specfleet_helpers import stamps
+from specfleet_helpers.host import stamps
 
 
 def write(path: Path, data) -> None:

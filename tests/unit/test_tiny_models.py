@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.tiny_models.
+"""Tests for specfleet_helpers.cpu.tiny_models.
 
 Validation and the atomic-output logic need no torch and run in-process. Building needs the
 CPU venv (torch, transformers, tokenizers, safetensors, speculators): its interpreter is
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specfleet_helpers.tiny_models import (
+from specfleet_helpers.cpu.tiny_models import (
     CPU_ATTENTION_HEAD_DIMS,
     DraftSpec,
     VerifierSpec,
@@ -33,7 +33,7 @@ from specfleet_helpers.tiny_models import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HELPERS = REPO_ROOT / "python_helpers"
-MODULE = "specfleet_helpers.tiny_models"
+MODULE = "specfleet_helpers.cpu.tiny_models"
 CPU_PYTHON = Path(
     os.environ.get("SPECFLEET_TEST_VENV_PYTHON", str(REPO_ROOT / ".work/local/venv/bin/python"))
 )

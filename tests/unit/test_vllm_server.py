@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.vllm_server (and the argv builder of hidden_states_cpu).
+"""Tests for specfleet_helpers.host.vllm_server (and the argv builder of hidden_states_connector).
 
 Fast tests start a real but fake "server": a small Python HTTP server answering GET
 /health, started detached by the helper's CLI, with a child process of its own so that
@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 from procutil import pid_alive, wait_until
-from specfleet_helpers import vllm_server
-from specfleet_helpers.hidden_states_cpu import (
+from specfleet_helpers.cpu.hidden_states_connector import (
     aux_layer_ids,
     hidden_states_server_argv,
     kv_transfer_config,
 )
+from specfleet_helpers.host import vllm_server
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HELPERS = REPO_ROOT / "python_helpers"
@@ -70,7 +70,7 @@ def free_port() -> int:
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.vllm_server", *args],
+        [sys.executable, "-m", "specfleet_helpers.host.vllm_server", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -336,7 +336,7 @@ def test_start_with_a_missing_executable_is_bad_input(tmp_path):
 
 def watch_cli(fake: Fake, client: subprocess.Popen, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "specfleet_helpers.vllm_server", "watch", f"--name={fake.name}",
+        [sys.executable, "-m", "specfleet_helpers.host.vllm_server", "watch", f"--name={fake.name}",
          f"--run-dir={fake.run_dir}", f"--pid={client.pid}", "--client-grace=2", *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -491,7 +491,7 @@ def test_hidden_states_argv_cpu_and_npu():
     kv = json.loads(cpu[cpu.index("--kv-transfer-config") + 1])
     assert kv == kv_transfer_config("/hs", cpu=True)
     assert kv["kv_connector"] == "CPUHiddenStatesConnector"
-    assert kv["kv_connector_module_path"] == "specfleet_helpers.hidden_states_cpu"
+    assert kv["kv_connector_module_path"] == "specfleet_helpers.cpu.hidden_states_connector"
     assert kv["kv_connector_extra_config"] == {"shared_storage_path": "/hs"}
     for flag in ("--enforce-eager", "--no-enable-chunked-prefill"):
         assert flag in cpu
@@ -500,7 +500,7 @@ def test_hidden_states_argv_cpu_and_npu():
     assert cpu[cpu.index("--host") + 1] == "127.0.0.1"
     assert cpu[cpu.index("--port") + 1] == "8001"
     assert cpu[cpu.index("--worker-extension-cls") + 1] == (
-        "specfleet_helpers.hidden_states_cpu.CPUWorkerExtension"
+        "specfleet_helpers.cpu.hidden_states_connector.CPUWorkerExtension"
     )
 
     npu = hidden_states_server_argv(
@@ -522,7 +522,7 @@ def test_hidden_states_argv_cpu_and_npu():
 def test_connector_module_help_works_without_vllm():
     # The controller's Python (this one) has no vllm: --help must not import it.
     proc = subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.hidden_states_cpu", "--path", "/hs"],
+        [sys.executable, "-m", "specfleet_helpers.cpu.hidden_states_connector", "--path", "/hs"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -531,7 +531,7 @@ def test_connector_module_help_works_without_vllm():
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == kv_transfer_config("/hs", cpu=True)
     help_text = subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.hidden_states_cpu", "--help"],
+        [sys.executable, "-m", "specfleet_helpers.cpu.hidden_states_connector", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -542,22 +542,22 @@ def test_connector_module_help_works_without_vllm():
 
 
 def test_amx_permission_helpers(tmp_path):
-    from specfleet_helpers import hidden_states_cpu
+    from specfleet_helpers.cpu import hidden_states_connector
 
     with_amx = tmp_path / "cpuinfo-amx"
     with_amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n")
     without = tmp_path / "cpuinfo-plain"
     without.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n")
-    assert hidden_states_cpu._cpu_has_amx(str(with_amx)) is True
-    assert hidden_states_cpu._cpu_has_amx(str(without)) is False
-    assert hidden_states_cpu._cpu_has_amx(str(tmp_path / "missing")) is False
+    assert hidden_states_connector._cpu_has_amx(str(with_amx)) is True
+    assert hidden_states_connector._cpu_has_amx(str(without)) is False
+    assert hidden_states_connector._cpu_has_amx(str(tmp_path / "missing")) is False
     # The worker extension needs neither torch nor vLLM; loading it asks for AMX (harmless
     # elsewhere), in a child process so this one is untouched.
     proc = subprocess.run(
         [
             sys.executable,
             "-c",
-            "from specfleet_helpers import hidden_states_cpu as m; "
+            "from specfleet_helpers.cpu import hidden_states_connector as m; "
             "cls = m.CPUWorkerExtension; "
             "print(cls.__module__, cls.__qualname__, m.request_amx_permission())",
         ],
@@ -568,7 +568,7 @@ def test_amx_permission_helpers(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     module, name, granted = proc.stdout.split()
-    assert (module, name) == ("specfleet_helpers.hidden_states_cpu", "CPUWorkerExtension")
+    assert (module, name) == ("specfleet_helpers.cpu.hidden_states_connector", "CPUWorkerExtension")
     assert granted in ("None", "True")  # None: no AMX on this CPU
 
 
@@ -622,9 +622,9 @@ fast.save_pretrained(out)
 def build_tiny_verifier(python: Path, out: Path) -> None:
     """The shared builder when it exists and works, else the recipe above."""
     env = {**os.environ, "PYTHONPATH": str(HELPERS)}
-    if (HELPERS / "specfleet_helpers" / "tiny_models.py").is_file():
+    if (HELPERS / "specfleet_helpers" / "cpu" / "tiny_models.py").is_file():
         proc = subprocess.run(
-            [str(python), "-m", "specfleet_helpers.tiny_models", "verifier", "--out", str(out)],
+            [str(python), "-m", "specfleet_helpers.cpu.tiny_models", "verifier", "--out", str(out)],
             capture_output=True,
             text=True,
             timeout=300,

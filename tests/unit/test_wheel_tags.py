@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.wheel_tags: wheel names, the tags a host's Python accepts,
+"""Tests for specfleet_helpers.host.wheel_tags: wheel names, the tags a host's Python accepts,
 the check that names wheels which do not fit, and pip download for another Python."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from specfleet_helpers.wheel_tags import (
+from specfleet_helpers.host.wheel_tags import (
     describe,
     identity,
     misfits,
@@ -40,7 +40,7 @@ X86_IMAGE = {**A2_IMAGE, "arch": "x86_64", "markers": {"platform_machine": "x86_
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.wheel_tags", *args],
+        [sys.executable, "-m", "specfleet_helpers.host.wheel_tags", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -232,7 +232,7 @@ def test_cli_download_evaluates_markers_for_the_target(tmp_path):
     a 3.12 target even when the Python running pip is another one."""
     links = tmp_path / "links"
     links.mkdir()
-    from specfleet_helpers.image_pins import stub_wheel
+    from specfleet_helpers.stages.image_pins import stub_wheel
 
     top = stub_wheel(links, "toplevel", "1.0", "py3-none-any")
     # Give it a dependency that applies on Python 3.12 only.
@@ -254,7 +254,7 @@ def test_cli_download_evaluates_markers_for_the_target(tmp_path):
         [
             sys.executable,
             "-m",
-            "specfleet_helpers.wheel_tags",
+            "specfleet_helpers.host.wheel_tags",
             "download",
             "--target",
             str(tmp_path / "t.json"),

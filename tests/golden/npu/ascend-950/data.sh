@@ -10,7 +10,7 @@ OUT=/var/lib/specfleet/data/prepared
 mkdir -p "$(dirname /var/lib/specfleet/data/prompts.jsonl)"
 
 echo "==> tokenize the 10 smoke chats with the verifier's chat template"
-"$PY" -m specfleet_helpers.chat_data --model /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B \
+"$PY" -m specfleet_helpers.stages.chat_data --model /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B \
   --out /var/lib/specfleet/data/prompts.jsonl --smoke-rows 10
 echo "==> speculators prepare-data (seq length 8192, max samples 10)"
 rm -rf "$OUT.tmp"

@@ -21,7 +21,7 @@ unset ASCEND_RT_VISIBLE_DEVICES
 server() {  # server start|wait|watch|stop [ARGS...]
   local action=$1
   shift
-  "$PY" -m specfleet_helpers.vllm_server "$action" --name hidden_states --run-dir "$RUN" "$@"
+  "$PY" -m specfleet_helpers.host.vllm_server "$action" --name hidden_states --run-dir "$RUN" "$@"
 }
 # The server is this stage's: stopped on success, failure, timeout or interruption (within
 # the 10 s the stage supervisor gives the script before it kills the script's group).

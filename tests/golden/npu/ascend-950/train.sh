@@ -42,7 +42,7 @@ echo "==> torchrun --nproc_per_node=8 -m speculators.train (1 epoch(s))"
 "$PY" -m torch.distributed.run --standalone --nproc_per_node=8 -m speculators.train "${ARGS[@]}"
 
 echo "==> publish the best checkpoint as a clean draft"
-"$PY" -m specfleet_helpers.checkpoint publish --save-path "$SAVE" --out /var/lib/specfleet/train/draft \
+"$PY" -m specfleet_helpers.stages.checkpoint publish --save-path "$SAVE" --out /var/lib/specfleet/train/draft \
   --log /var/lib/specfleet/logs/train.log --require-finite-loss \
   > /var/lib/specfleet/run/train.publish.json.tmp
 mv /var/lib/specfleet/run/train.publish.json.tmp /var/lib/specfleet/run/train.publish.json

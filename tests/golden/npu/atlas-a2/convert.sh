@@ -6,7 +6,7 @@
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
 echo "==> convert /root/.cache/modelscope/hub/models/z-lab/Qwen3-8B-DFlash-b16 against /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B (dflash)"
-exec python3 -m specfleet_helpers.convert run \
+exec python3 -m specfleet_helpers.stages.convert run \
   --draft /root/.cache/modelscope/hub/models/z-lab/Qwen3-8B-DFlash-b16 \
   --verifier /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B \
   --out /var/lib/specfleet/converted

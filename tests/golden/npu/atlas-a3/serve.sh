@@ -20,9 +20,9 @@ unset ASCEND_RT_VISIBLE_DEVICES
 server() {  # server start|wait|stop [ARGS...]
   local action=$1
   shift
-  "$PY" -m specfleet_helpers.vllm_server "$action" --name serve --run-dir "$RUN" "$@"
+  "$PY" -m specfleet_helpers.host.vllm_server "$action" --name serve --run-dir "$RUN" "$@"
 }
-check() { "$PY" -m specfleet_helpers.serve_check "$@" --url "$URL"; }
+check() { "$PY" -m specfleet_helpers.checks.serve_check "$@" --url "$URL"; }
 trap 'server stop >/dev/null 2>&1 || true' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -58,7 +58,7 @@ check metrics --require-spec-decode > "$WORK.tmp/metrics.json"
 cat "$WORK.tmp/metrics.json"
 server stop
 
-"$PY" -m specfleet_helpers.serve_result combine --chat "$WORK.tmp/chat.json" --metrics "$WORK.tmp/metrics.json" \
+"$PY" -m specfleet_helpers.stages.serve_result combine --chat "$WORK.tmp/chat.json" --metrics "$WORK.tmp/metrics.json" \
   --out "$WORK.tmp/result.json" >/dev/null
 rm -rf "$WORK"
 mv "$WORK.tmp" "$WORK"

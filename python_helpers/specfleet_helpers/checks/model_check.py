@@ -250,7 +250,7 @@ def check_model(model_dir: Path, expect_architecture: Optional[str] = None) -> d
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.model_check",
+        prog="python -m specfleet_helpers.checks.model_check",
         description=(
             "Check that a model directory is complete: config.json parses, model.safetensors"
             " (or every shard of model.safetensors.index.json) exists, is non-empty, has a"

@@ -140,7 +140,7 @@ def npu_status() -> dict[str, Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.stack_report",
+        prog="python -m specfleet_helpers.checks.stack_report",
         description="Print the target Python's version, package versions and NPU status as JSON.",
     )
     parser.add_argument(

@@ -43,7 +43,7 @@ def build_configs(verifier: str, architecture: str, speculative_tokens: int) -> 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.speculators_check",
+        prog="python -m specfleet_helpers.checks.speculators_check",
         description="Build speculators' VerifierConfig and GreedyTokenProposalConfig; print JSON.",
     )
     parser.add_argument(

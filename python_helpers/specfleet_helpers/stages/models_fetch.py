@@ -93,7 +93,7 @@ def fetch(model_id: str, revision: str, cache: str, endpoint: Optional[str]) -> 
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.models_fetch",
+        prog="python -m specfleet_helpers.stages.models_fetch",
         description=(
             "Download a ModelScope model snapshot the way the runbook does (into"
             " <cache>/models/<org>/<name>); print its local path as JSON."

@@ -17,7 +17,7 @@ the stock connector is used; this module is not loaded there.
 vLLM loads it through ``--kv-transfer-config``::
 
     {"kv_connector": "CPUHiddenStatesConnector",
-     "kv_connector_module_path": "specfleet_helpers.hidden_states_cpu",
+     "kv_connector_module_path": "specfleet_helpers.cpu.hidden_states_connector",
      "kv_role": "kv_producer",
      "kv_connector_extra_config": {"shared_storage_path": DIR}}
 
@@ -31,7 +31,7 @@ registers (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``, needed since
 5.16), so the worker died with SIGILL ("exit code: -4") in ``cpu_attention_with_kv_cache``
 on the first request, with or without a connector, even for plain serving. Loading
 ``CPUWorkerExtension`` (``--worker-extension-cls
-specfleet_helpers.hidden_states_cpu.CPUWorkerExtension``, which the CPU argv below
+specfleet_helpers.cpu.hidden_states_connector.CPUWorkerExtension``, which the CPU argv below
 includes) requests that permission in the model worker before the model runs; building the
 connector class requests it too. Servers of other stages need only that flag.
 """
@@ -51,7 +51,7 @@ from typing import Any, Optional
 
 CPU_CONNECTOR = "CPUHiddenStatesConnector"
 UPSTREAM_CONNECTOR = "ExampleHiddenStatesConnector"
-MODULE_PATH = "specfleet_helpers.hidden_states_cpu"
+MODULE_PATH = "specfleet_helpers.cpu.hidden_states_connector"
 WORKER_EXTENSION = "CPUWorkerExtension"
 _UPSTREAM_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector"
 
@@ -292,7 +292,7 @@ def __getattr__(name: str) -> Any:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.hidden_states_cpu",
+        prog="python -m specfleet_helpers.cpu.hidden_states_connector",
         description=(
             "CPUHiddenStatesConnector: vLLM's ExampleHiddenStatesConnector without "
             "pin_memory=True, which kills the engine on a CPU-only torch. vLLM loads it from "

@@ -280,7 +280,7 @@ def load_target(source: str) -> dict[str, Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.wheel_tags",
+        prog="python -m specfleet_helpers.host.wheel_tags",
         description="Describe a Python as a wheel target, check wheels against one, "
         "or pip download for one.",
     )

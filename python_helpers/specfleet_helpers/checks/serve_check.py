@@ -387,7 +387,7 @@ def check_api_key_enforced(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.serve_check",
+        prog="python -m specfleet_helpers.checks.serve_check",
         description=(
             "Check a running vLLM OpenAI-compatible server: one chat completion, the "
             "speculative-decoding metrics, or greedy outputs for a lossless comparison. "

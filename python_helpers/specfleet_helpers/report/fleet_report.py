@@ -1018,7 +1018,7 @@ def write_report(
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.fleet_report",
+        prog="python -m specfleet_helpers.report.fleet_report",
         description=(
             "Write fleet.json, fleet.md and junit.xml for one run over a fleet and print one "
             "JSON line with the verdict. Exit 0 when written (green or not), 2 on bad input."

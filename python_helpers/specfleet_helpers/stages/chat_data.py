@@ -387,7 +387,7 @@ def build(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.chat_data",
+        prog="python -m specfleet_helpers.stages.chat_data",
         description=(
             "Write speculators training rows (JSONL of input_ids + loss_mask) for"
             " `speculators prepare-data`: the runbook's smoke chats, or a JSONL file of"

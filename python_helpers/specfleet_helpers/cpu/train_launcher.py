@@ -1,6 +1,8 @@
 """Run the real `speculators.train` (speculators 0.9.0) on a CPU-only host, without torchrun.
 
-Usage: ``python -m specfleet_helpers.train_cpu <the arguments of python -m speculators.train>``
+Usage::
+
+    python -m specfleet_helpers.cpu.train_launcher <the arguments of python -m speculators.train>
 
 speculators.train assumes an accelerator. This launcher redirects exactly the places that
 pick one to "cpu", then calls ``speculators.train.cli.main(TrainConfig.resolve(argv))``, the
@@ -57,7 +59,7 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from typing import Any, Optional
 
-PROG = "python -m specfleet_helpers.train_cpu"
+PROG = "python -m specfleet_helpers.cpu.train_launcher"
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -214,7 +216,7 @@ def _version(distribution: str) -> Optional[str]:
 
 
 def _error(message: str) -> None:
-    print(f"train_cpu: {' '.join(message.split())}", file=sys.stderr)
+    print(f"train_launcher: {' '.join(message.split())}", file=sys.stderr)
 
 
 def run(argv: Sequence[str]) -> dict[str, Any]:

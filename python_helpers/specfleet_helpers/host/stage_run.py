@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from . import host_lock
-from .procs import (
+from specfleet_helpers.host import host_lock
+from specfleet_helpers.host.procs import (
     DEFAULT_GRACE_S,
     group_alive,
     kill_group,
@@ -277,7 +277,7 @@ def stop(run_dir: Path, name: str) -> dict[str, Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.stage_run",
+        prog="python -m specfleet_helpers.host.stage_run",
         description="Start, poll or stop a specfleet stage script detached from Ansible.",
     )
     sub = parser.add_subparsers(dest="command", required=True)

@@ -197,7 +197,7 @@ def probe(
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.host_probe",
+        prog="python -m specfleet_helpers.host.host_probe",
         description="Print the host measurements the specfleet preflight checks use, as JSON.",
     )
     parser.add_argument("--root", type=Path, required=True, help="work root (need not exist yet)")

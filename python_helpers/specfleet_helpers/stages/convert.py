@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from specfleet_helpers.model_check import (
+from specfleet_helpers.checks.model_check import (
     INDEX,
     SINGLE,
     ModelCheckError,
@@ -328,7 +328,7 @@ def run(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.convert",
+        prog="python -m specfleet_helpers.stages.convert",
         description=(
             "Convert a z-lab DFlash draft into a speculators checkpoint with speculators'"
             " convert_model(algorithm='dflash'), or verify an existing conversion. Prints one"

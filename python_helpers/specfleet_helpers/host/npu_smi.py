@@ -25,7 +25,7 @@ Formats handled:
 * ``npu-smi info -m``: the NPU ID / Chip ID / Chip Logic ID / Chip Name mapping.
 
 ``soc_family`` sorts a host into ``atlas-a2`` / ``atlas-a3`` / ``ascend-950`` / ``other``, the
-split that vllm-ascend makes. Run ``python -m specfleet_helpers.npu_smi --help`` for the
+split that vllm-ascend makes. Run ``python -m specfleet_helpers.host.npu_smi --help`` for the
 command line. The module uses only the standard library and runs on Python 3.9 or later.
 """
 
@@ -934,7 +934,7 @@ def _read_input(path: str) -> str:
 
 def _build_arg_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.npu_smi",
+        prog="python -m specfleet_helpers.host.npu_smi",
         description=(
             "Parse `npu-smi info` (Huawei Ascend NPUs) and print a JSON summary on stdout: "
             "NPU and chip counts, chip names, dies per NPU, per-chip health and HBM, "

@@ -38,10 +38,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from specfleet_helpers import procs
-from specfleet_helpers.host_probe import port_free, port_owner
-from specfleet_helpers.procs import proc_stat, read_json, signal_group, write_json_atomic
-from specfleet_helpers.stage_run import tail_lines
+from specfleet_helpers.host import procs
+from specfleet_helpers.host.host_probe import port_free, port_owner
+from specfleet_helpers.host.procs import proc_stat, read_json, signal_group, write_json_atomic
+from specfleet_helpers.host.stage_run import tail_lines
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_GRACE_S = 15.0
@@ -496,7 +496,7 @@ def _parse_env(items: list[str]) -> dict[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.vllm_server",
+        prog="python -m specfleet_helpers.host.vllm_server",
         description=(
             "Start, wait for, inspect or stop one vLLM server (any HTTP server with a "
             "GET /health) as a detached process group recorded in RUN_DIR/NAME.server.json. "
@@ -504,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
             "input, 3 port in use."
         ),
         epilog=(
-            "example: python -m specfleet_helpers.vllm_server start --name serve "
+            "example: python -m specfleet_helpers.host.vllm_server start --name serve "
             "--run-dir RUN --log RUN/serve.log --port 8000 -- "
             "python -m vllm.entrypoints.openai.api_server --model M --port 8000"
         ),

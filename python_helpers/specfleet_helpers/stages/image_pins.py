@@ -35,7 +35,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
-from specfleet_helpers.wheel_tags import (
+from specfleet_helpers.host.wheel_tags import (
     load_target,
     normalize,
     parse_wheel_filename,
@@ -201,7 +201,7 @@ def drop(directory: Path, preinstalled: dict[str, str]) -> tuple[list[str], list
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.image_pins",
+        prog="python -m specfleet_helpers.stages.image_pins",
         description="Pin, and check after installing, every distribution the image preinstalled.",
     )
     sub = parser.add_subparsers(dest="command", required=True)

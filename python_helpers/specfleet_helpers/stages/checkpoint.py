@@ -55,7 +55,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
 
-PROG = "python -m specfleet_helpers.checkpoint"
+PROG = "python -m specfleet_helpers.stages.checkpoint"
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2

@@ -1,4 +1,4 @@
-"""Tests for specfleet_helpers.train_cpu (speculators.train on a CPU-only host).
+"""Tests for specfleet_helpers.cpu.train_launcher (speculators.train on a CPU-only host).
 
 The checks and the patching run in-process against stand-in torch/speculators modules (the
 controller venv has no torch). Tests that need the real stack run the module CLI with the
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specfleet_helpers import train_cpu
-from specfleet_helpers.train_cpu import (
+from specfleet_helpers.cpu import train_launcher
+from specfleet_helpers.cpu.train_launcher import (
     BadInput,
     apply_cpu_patches,
     check_no_accelerator,
@@ -91,7 +91,7 @@ def test_torchrun_workers_are_refused():
 
 
 def test_importing_the_module_needs_no_torch():
-    code = "import sys, specfleet_helpers.train_cpu; print('torch' in sys.modules)"
+    code = "import sys, specfleet_helpers.cpu.train_launcher; print('torch' in sys.modules)"
     proc = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -107,7 +107,7 @@ def test_importing_the_module_needs_no_torch():
 
 
 class FakeStack:
-    """torch + speculators.train modules shaped like the names train_cpu touches."""
+    """torch + speculators.train modules shaped like the names train_launcher touches."""
 
     def __init__(self, accelerator: str | None = None, config: dict[str, Any] | None = None):
         self.calls: list[dict[str, Any]] = []
@@ -209,7 +209,7 @@ def test_a_missing_patch_target_is_a_clear_error(monkeypatch):
 def test_main_patches_then_trains_and_prints_json(monkeypatch, capsys):
     stack = FakeStack()
     stack.install(monkeypatch)
-    assert train_cpu.main(["--speculator-type", "dflash", "--epochs", "1"]) == 0
+    assert train_launcher.main(["--speculator-type", "dflash", "--epochs", "1"]) == 0
     assert stack.calls == [
         {
             "argv": ["--speculator-type", "dflash", "--epochs", "1"],
@@ -232,10 +232,10 @@ def test_main_patches_then_trains_and_prints_json(monkeypatch, capsys):
 def test_an_accelerator_host_is_refused(monkeypatch, capsys):
     stack = FakeStack(accelerator="npu")
     stack.install(monkeypatch)
-    assert train_cpu.main(["--speculator-type", "dflash"]) == 2
+    assert train_launcher.main(["--speculator-type", "dflash"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith("train_cpu: an accelerator is present (npu)")
+    assert err.startswith("train_launcher: an accelerator is present (npu)")
     assert "torchrun" in err
     assert stack.calls == []
     assert stack.trainer.Trainer().device_type == "cuda"  # nothing was patched
@@ -246,11 +246,11 @@ def test_an_accelerator_host_is_refused(monkeypatch, capsys):
 def test_cpu_incompatible_arguments_are_refused_before_training(monkeypatch, capsys):
     stack = FakeStack(config={"loss_implementation": "fused"})
     stack.install(monkeypatch)
-    assert train_cpu.main([]) == 2
+    assert train_launcher.main([]) == 2
     err = capsys.readouterr().err
     assert err == (
-        "train_cpu: --loss-implementation is fused (speculators' default), a Triton kernel with no "
-        "CPU driver: pass --loss-implementation eager\n"
+        "train_launcher: --loss-implementation is fused (speculators' default), a Triton kernel "
+        "with no CPU driver: pass --loss-implementation eager\n"
     )
     assert stack.calls == []
 
@@ -258,34 +258,34 @@ def test_cpu_incompatible_arguments_are_refused_before_training(monkeypatch, cap
 def test_torchrun_environment_is_refused_before_importing_torch(monkeypatch, capsys):
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setitem(sys.modules, "torch", None)  # importing torch would now fail
-    assert train_cpu.main(["--epochs", "1"]) == 2
+    assert train_launcher.main(["--epochs", "1"]) == 2
     assert "LOCAL_RANK is set" in capsys.readouterr().err
 
 
 def test_a_training_failure_exits_1_with_a_summary_line(monkeypatch, capsys):
     stack = FakeStack(config={"fail": True})
     stack.install(monkeypatch)
-    assert train_cpu.main([]) == 1
+    assert train_launcher.main([]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "Traceback" in captured.err
     assert captured.err.splitlines()[-1] == (
-        "train_cpu: training failed: RuntimeError: loss exploded"
+        "train_launcher: training failed: RuntimeError: loss exploded"
     )
 
 
 def test_missing_torch_is_bad_input(monkeypatch, capsys):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setitem(sys.modules, "torch", None)
-    assert train_cpu.main(["--epochs", "1"]) == 2
+    assert train_launcher.main(["--epochs", "1"]) == 2
     assert "expected torch and speculators (0.9.0) in this Python" in capsys.readouterr().err
 
 
 def test_help_explains_the_cpu_requirements(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch", None)  # speculators' own help is then skipped
-    assert train_cpu.main(["--help"]) == 0
+    assert train_launcher.main(["--help"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: python -m specfleet_helpers.train_cpu")
+    assert out.startswith("usage: python -m specfleet_helpers.cpu.train_launcher")
     for words in ("--draft-attn-impl sdpa", "--loss-implementation eager", "torchrun", "JSON"):
         assert words in out
 
@@ -316,7 +316,7 @@ def test_real_speculators_defaults_are_refused_before_loading_anything(tmp_path)
         "--epochs", "1",
     ]  # fmt: skip
     proc = run_module(
-        "specfleet_helpers.train_cpu",
+        "specfleet_helpers.cpu.train_launcher",
         argv,
         timeout=300,
         capture_output=True,
@@ -388,7 +388,7 @@ print(json.dumps({"rows": rows_wanted, "seq_len": rows["seq_len"],
                   "hidden_states": list(hidden.shape[1:])}))
 """
 
-# Used only when specfleet_helpers.tiny_models is missing or fails: the same Qwen3 shape
+# Used only when specfleet_helpers.cpu.tiny_models is missing or fails: the same Qwen3 shape
 # (hidden 128, intermediate 256, 6 layers, 4 heads / 2 kv, head_dim 32, vocab 1024) with a
 # small byte-level BPE, leaving vocabulary slots free for speculators' <|MASK|> token.
 BUILD_VERIFIER = r"""
@@ -451,16 +451,16 @@ TRAIN_ARGS = [
 
 def build_verifier(out: Path, timings: dict[str, float]) -> str:
     started = time.monotonic()
-    if (HELPERS / "specfleet_helpers" / "tiny_models.py").is_file():
+    if (HELPERS / "specfleet_helpers" / "cpu" / "tiny_models.py").is_file():
         proc = run_module(
-            "specfleet_helpers.tiny_models",
+            "specfleet_helpers.cpu.tiny_models",
             ["verifier", "--out", str(out)],
             timeout=600,
             capture_output=True,
         )
         if proc.returncode == 0 and (out / "config.json").is_file():
             timings["build_verifier_s"] = round(time.monotonic() - started, 1)
-            return "specfleet_helpers.tiny_models"
+            return "specfleet_helpers.cpu.tiny_models"
     script = out.parent / "build_verifier.py"
     script.write_text(BUILD_VERIFIER)
     subprocess.run([str(CPU_PYTHON), str(script), str(out)], check=True, timeout=600)
@@ -504,7 +504,7 @@ def test_real_training_on_cpu_then_publish_and_verify(tmp_path):
     started = time.monotonic()
     with open(log, "w") as handle:
         proc = run_module(
-            "specfleet_helpers.train_cpu",
+            "specfleet_helpers.cpu.train_launcher",
             argv,
             timeout=1200,
             stdout=handle,
@@ -535,7 +535,7 @@ def test_real_training_on_cpu_then_publish_and_verify(tmp_path):
         "--log", str(log), "--require-finite-loss",
     ]  # fmt: skip
     publish = run_module(
-        "specfleet_helpers.checkpoint",
+        "specfleet_helpers.stages.checkpoint",
         publish_argv,
         timeout=120,
         python=sys.executable,
@@ -560,7 +560,7 @@ def test_real_training_on_cpu_then_publish_and_verify(tmp_path):
     assert config["draft_vocab_size"] == 512
 
     verify = run_module(
-        "specfleet_helpers.checkpoint",
+        "specfleet_helpers.stages.checkpoint",
         ["verify", "--out", str(out)],
         timeout=60,
         python=sys.executable,

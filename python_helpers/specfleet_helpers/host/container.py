@@ -217,7 +217,7 @@ def _env_pair(text: str) -> tuple[str, str]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.container",
+        prog="python -m specfleet_helpers.host.container",
         description=(
             "Plan (print what would change) or ensure (create, recreate or start) the long-lived "
             "stage container, comparing its image id and a hash of its run settings."

@@ -60,7 +60,7 @@ def load_all(state_dir: Path) -> dict[str, Any]:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.stamps",
+        prog="python -m specfleet_helpers.host.stamps",
         description=(
             "Print the stamps, failure records and environment of a specfleet work root"
             " as one JSON object."

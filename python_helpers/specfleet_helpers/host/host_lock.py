@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional, Union
 
-PROG = "python -m specfleet_helpers.host_lock"
+PROG = "python -m specfleet_helpers.host.host_lock"
 EXIT_HELD = 4
 DEFAULT_STALE_AFTER_S = 900.0
 DEFAULT_POLL_S = 1.0
@@ -278,7 +278,7 @@ def end_abandoned_work(run_dir: Path) -> list[str]:
     its recorded process group only. Returns what was running, e.g. ["stage hidden_states",
     "server hidden_states"]."""
     # Imported here: stage_run imports this module (the heartbeat of every stage poll).
-    from . import stage_run, vllm_server
+    from specfleet_helpers.host import stage_run, vllm_server
 
     stopped = []
     for record in sorted(run_dir.glob("*.pid")):

@@ -120,7 +120,7 @@ def verify(
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specfleet_helpers.serve_result",
+        prog="python -m specfleet_helpers.stages.serve_result",
         description="Combine the serve stage's check outputs into result.json, or verify it.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
