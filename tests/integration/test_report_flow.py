@@ -287,34 +287,43 @@ def test_serve_alone_on_a_fresh_root_names_the_missing_upstream_stages(
 # --- the graph, once -----------------------------------------------------------------------
 
 GRAPH_PLAY = """
-- name: Derive one stage's upstream from the stage graph
+- name: Derive stages' upstream from the stage graph
   hosts: localhost
   connection: local
   gather_facts: false
   tasks:
-    - name: Find the upstream stages
-      ansible.builtin.include_role:
-        name: stage
-        tasks_from: upstream.yml
-      vars:
-        stage_name: "{{ graph_stage }}"
-    - name: Write what was derived
-      ansible.builtin.copy:
-        dest: "{{ graph_out }}"
-        content: "{{ {'upstream': stage_upstream, 'missing': stage_upstream_missing} | to_json }}"
-        mode: "0644"
+    - name: Derive each stage's upstream
+      ansible.builtin.include_tasks: graph_stage.yml
+      loop: "{{ graph_stages }}"
+      loop_control:
+        loop_var: graph_stage
+"""
+GRAPH_STAGE = """
+- name: Find the upstream stages
+  ansible.builtin.include_role:
+    name: stage
+    tasks_from: upstream.yml
+  vars:
+    stage_name: "{{ graph_stage }}"
+- name: Write what was derived
+  ansible.builtin.copy:
+    dest: "{{ graph_out }}/{{ graph_stage }}.json"
+    content: "{{ {'upstream': stage_upstream, 'missing': stage_upstream_missing} | to_json }}"
+    mode: "0644"
 """
 
 
-def derive(tmp: Path, stage: str, **extravars: Any) -> dict[str, Any]:
-    playbook = tmp / "graph.yml"
-    playbook.write_text(GRAPH_PLAY)
-    out = tmp / f"{stage}-{len(list(tmp.glob('*.json')))}.json"
-    runs = {s: f"run-{s}" for s in STAGE_GRAPH}
+def derive(tmp: Path, stages: list[str], **extravars: Any) -> dict[str, dict[str, Any]]:
+    """{stage: {upstream, missing}} from one run of stage/tasks/upstream.yml per stage, every
+    stage having a run id unless specfleet_stage_runs says otherwise."""
+    (tmp / "graph.yml").write_text(GRAPH_PLAY)
+    (tmp / "graph_stage.yml").write_text(GRAPH_STAGE)
+    out = tmp / f"derived-{len(list(tmp.glob('derived-*')))}"
+    out.mkdir()
     values = {
-        "graph_stage": stage,
+        "graph_stages": stages,
         "graph_out": str(out),
-        "specfleet_stage_runs": runs,
+        "specfleet_stage_runs": {s: f"run-{s}" for s in STAGE_GRAPH},
         # a missing upstream is recorded like a stage failure, under the work root
         "specfleet_root": str(tmp / "root"),
         "specfleet_defer_failures": True,
@@ -322,7 +331,7 @@ def derive(tmp: Path, stage: str, **extravars: Any) -> dict[str, Any]:
     (tmp / "root" / "state").mkdir(parents=True, exist_ok=True)
     argv = [
         str(ANSIBLE_PLAYBOOK),
-        str(playbook),
+        str(tmp / "graph.yml"),
         "-i",
         "localhost,",
         "-e",
@@ -330,7 +339,7 @@ def derive(tmp: Path, stage: str, **extravars: Any) -> dict[str, Any]:
     ]
     proc = subprocess.run(argv, cwd=REPO, env=env(), capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    return json.loads(out.read_text())
+    return {stage: json.loads((out / f"{stage}.json").read_text()) for stage in stages}
 
 
 def test_train_depends_on_convert_exactly_when_it_trains_from_the_converted_draft(
@@ -340,8 +349,8 @@ def test_train_depends_on_convert_exactly_when_it_trains_from_the_converted_draf
     declared = STAGE_GRAPH["train"]
     assert declared["needs_if"] == {"convert": "train_from_converted"}, declared
     assert "convert" not in declared["needs"], declared
-    plain = derive(tmp_path, "train", train_from_converted=False)
-    converted = derive(tmp_path, "train", train_from_converted=True)
+    plain = derive(tmp_path, ["train"], train_from_converted=False)["train"]
+    converted = derive(tmp_path, ["train"], train_from_converted=True)["train"]
     assert sorted(plain["upstream"]) == sorted(declared["needs"]), plain
     assert sorted(converted["upstream"]) == sorted([*declared["needs"], "convert"]), converted
     assert converted["upstream"]["convert"] == "run-convert"
@@ -354,11 +363,9 @@ def test_every_stage_takes_its_upstream_from_the_one_declaration(tmp_path: Path)
     literal = re.compile(r"selectattr\('key', 'in', \[")
     for path in sorted((REPO / "roles").glob("*/tasks/*.yml")):
         assert not literal.search(path.read_text()), f"{path} lists upstream stages itself"
-    for stage, declared in STAGE_GRAPH.items():
-        if declared.get("needs_if"):
-            continue
-        got = derive(tmp_path, stage)
-        assert sorted(got["upstream"]) == sorted(declared["needs"]), (stage, got)
+    plain = [stage for stage, declared in STAGE_GRAPH.items() if not declared.get("needs_if")]
+    for stage, got in derive(tmp_path, plain).items():
+        assert sorted(got["upstream"]) == sorted(STAGE_GRAPH[stage]["needs"]), (stage, got)
     # A stage whose upstream has no run id in this play is named missing.
-    got = derive(tmp_path, "serve", specfleet_stage_runs={"speculators_install": "x"})
+    got = derive(tmp_path, ["serve"], specfleet_stage_runs={"speculators_install": "x"})["serve"]
     assert got["missing"] == ["models", "train"], got
