@@ -188,6 +188,7 @@ def validate(doc: Any) -> dict[str, Any]:
             "settings": _opt(host, "settings", where, "dict", {}),
             "state": state,
             "run": run,
+            "unreachable_error": _opt(host, "unreachable_error", where, "str"),
         }
     return clean
 
@@ -325,7 +326,10 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
         elif first_failed is not None:
             rec.update(status=NOT_REACHED, detail=f"after {first_failed} failed")
         elif not host["reachable"]:
-            rec.update(status=UNREACHABLE, detail="host unreachable")
+            why = _first_line(host.get("unreachable_error"))
+            rec.update(
+                status=UNREACHABLE, detail=f"host unreachable: {why}" if why else "host unreachable"
+            )
         elif stage in failures and _failure_is_newer(failures[stage], stamp):
             failure = failures[stage]
             at = failure.get("time") or "an unknown time"
@@ -580,7 +584,8 @@ def build_report(
             "green": bool(green),
             "wall_time_s": host["wall_time_s"],
             "failed_stage": failed,
-            "error": first.get("error"),
+            # an unreachable host's error is the connection error
+            "error": first.get("error") if failed else host.get("unreachable_error"),
             "log_tail": first.get("log_tail", []),
             "rerun": first.get("rerun"),
             "stages": statuses,
@@ -823,7 +828,12 @@ def host_section(h: dict[str, Any], stages: list[str]) -> list[str]:
     title = md_text(h["name"]) + (f" ({md_text(h['group'])})" if h["group"] else "")
     out = [f"## {title}", ""]
     if not h["reachable"]:
-        out += ["Host **unreachable**.", ""]
+        why = (
+            f": {md_code(_clean_text(h['error']).strip())}"
+            if h["error"] and not h["failed_stage"]
+            else "."
+        )
+        out += [f"Host **unreachable**{why}", ""]
     if h["failed_stage"]:
         rec = h["stages"][h["failed_stage"]]
         out.append(f"- **Failed stage:** {md_text(h['failed_stage'])} ({md_text(rec['detail'])})")
