@@ -62,6 +62,7 @@ from specfleet_helpers.checks.model_check import (
     read_safetensors_header,
     sha256_file,
 )
+from specfleet_helpers.files import write_json_atomic
 
 MODEL_TYPE = "dflash"
 CHECKSUMS = ".specfleet-checksums.json"
@@ -152,9 +153,7 @@ def record_checksums(out: Path) -> dict[str, str]:
     files = {
         p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.is_file() and p.name != CHECKSUMS
     }
-    tmp = out / f".{CHECKSUMS}.tmp"
-    tmp.write_text(json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, out / CHECKSUMS)
+    write_json_atomic(out / CHECKSUMS, {"files": files}, indent=1)
     return files
 
 
