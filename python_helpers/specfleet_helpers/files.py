@@ -8,7 +8,9 @@ image's Python.
 Atomic write: the content goes to a temporary sibling (same directory, so the same file
 system) named ``.<name>.<pid>.<random>.tmp`` and is renamed over the target only once it is
 complete; a reader never sees half a file, and an interrupted writer leaves at most that
-dot-file (removed here when the write raised).
+dot-file (removed here when the write raised). A directory built complete beside its target
+takes the target's place the same way (replace_dir: one atomic swap where Linux can, else two
+renames that put the old one back on failure).
 
 Safetensors header: 8 bytes little-endian header length, then a JSON object of tensor entries
 (``dtype``, ``shape``, ``data_offsets``) plus an optional ``__metadata__``; the file must be
@@ -20,11 +22,15 @@ milliseconds.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import re
 import secrets
+import shutil
 import struct
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Union
@@ -34,9 +40,9 @@ from typing import Any, Union
 # --------------------------------------------------------------------------------------
 
 
-def tmp_sibling(path: Path) -> Path:
+def tmp_sibling(path: Path, suffix: str = ".tmp") -> Path:
     """A fresh temporary name next to `path`: unique per process and per call."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{suffix}")
 
 
 @contextlib.contextmanager
@@ -67,6 +73,74 @@ def write_json_atomic(
 ) -> None:
     """Write `data` as JSON (sorted keys, one trailing newline) to `path` atomically."""
     write_atomic(path, json.dumps(data, sort_keys=True, indent=indent) + "\n")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def exchange_paths(first: Path, second: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE).
+
+    Returns False when the platform or file system cannot do it (the caller falls back to
+    two renames); raises OSError for other failures.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    renameat2.restype = ctypes.c_int
+    status = renameat2(
+        _AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE
+    )
+    if status != 0:
+        code = ctypes.get_errno()
+        if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
+            return False
+        raise OSError(code, os.strerror(code), str(second))
+    return True
+
+
+def replace_dir(new: Path, out: Path) -> None:
+    """Put the complete directory ``new`` at ``out``, replacing an existing ``out``.
+
+    ``new`` must be a sibling of ``out``; ``out`` may be a directory, a file or a symlink.
+    An existing ``out`` is swapped atomically where possible; otherwise it is renamed aside,
+    ``new`` renamed in, and the old one restored if that fails. The old one is deleted only
+    after ``new`` is in place.
+    """
+    if not out.exists() and not out.is_symlink():
+        os.rename(new, out)
+        return
+    if exchange_paths(new, out):
+        _remove(new)  # now holds the previous one
+        return
+    # A fresh name (random, so nobody else's): rename(2) of a symlink onto an existing
+    # directory fails, and of a directory onto an empty one replaces it.
+    aside = tmp_sibling(out, ".old")
+    os.rename(out, aside)
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(aside, out)
+        raise
+    _remove(aside)
 
 
 # --------------------------------------------------------------------------------------

@@ -120,3 +120,45 @@ def test_safetensors_header_refuses_what_is_not_complete(
     assert info.value.kind == kind
     assert fragment in str(info.value) and str(info.value).startswith(f"{path}: ")
     assert info.value.tensor == tensor
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "two-renames"])
+@pytest.mark.parametrize("old", ["directory", "symlink", "absent"])
+def test_replace_dir_puts_the_new_directory_in_place(tmp_path, monkeypatch, exchange, old):
+    if not exchange:
+        monkeypatch.setattr(files, "exchange_paths", lambda first, second: False)
+    out = tmp_path / "out"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("not ours")
+    if old == "directory":
+        out.mkdir()
+        (out / "old").write_text("old")
+    elif old == "symlink":
+        out.symlink_to(elsewhere)
+    new = tmp_path / ".out.new"
+    new.mkdir()
+    (new / "new").write_text("new")
+    files.replace_dir(new, out)
+    assert sorted(p.name for p in out.iterdir()) == ["new"] and not out.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "out"]
+    assert (elsewhere / "keep").read_text() == "not ours"  # a replaced link's target stays
+
+
+def test_replace_dir_puts_the_old_one_back_when_the_rename_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(files, "exchange_paths", lambda first, second: False)
+    out, new = tmp_path / "out", tmp_path / ".out.new"
+    out.mkdir()
+    (out / "old").write_text("old")
+    new.mkdir()
+    real_rename = os.rename
+
+    def rename(source, destination):
+        if Path(source) == new:
+            raise OSError(5, "Input/output error")
+        return real_rename(source, destination)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(OSError, match="Input/output error"):
+        files.replace_dir(new, out)
+    assert sorted(p.name for p in out.iterdir()) == ["old"]

@@ -40,8 +40,6 @@ overlapping the save directory). Errors are one line on stderr.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import errno
 import hashlib
 import json
 import math
@@ -405,65 +403,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-
-
-def exchange_paths(first: Path, second: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE).
-
-    Returns False when the platform or file system cannot do it (the caller falls back to
-    two renames); raises OSError for other failures.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_uint,
-    ]
-    renameat2.restype = ctypes.c_int
-    status = renameat2(
-        _AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE
-    )
-    if status != 0:
-        code = ctypes.get_errno()
-        if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
-            return False
-        raise OSError(code, os.strerror(code), str(second))
-    return True
-
-
-def replace_dir(new: Path, out: Path) -> None:
-    """Put the complete directory ``new`` at ``out``, replacing an existing ``out``.
-
-    ``new`` must be a sibling of ``out``. An existing ``out`` is swapped atomically where
-    possible; otherwise it is renamed aside, ``new`` renamed in, and the old one restored
-    if that fails. The old directory is deleted only after ``new`` is in place.
-    """
-    if not out.exists() and not out.is_symlink():
-        os.rename(new, out)
-        return
-    if exchange_paths(new, out):
-        shutil.rmtree(new)  # now holds the previous draft
-        return
-    # rename(2) may replace an empty directory: mkdtemp reserves a unique name.
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    os.rename(out, aside)
-    try:
-        os.rename(new, out)
-    except BaseException:
-        os.rename(aside, out)
-        raise
-    shutil.rmtree(aside)
-
-
 def _check_out_path(save_path: Path, checkpoint: Path, out: Path) -> None:
     save_r, ckpt_r, out_r = save_path.resolve(), checkpoint.resolve(), out.resolve()
     if out_r == save_r or out_r in save_r.parents:
@@ -525,7 +464,7 @@ def publish(
             os.umask(umask)
             os.chmod(staging, 0o777 & ~umask)  # mkdtemp creates 0700
             _fsync_dir(staging)
-            replace_dir(staging, out)
+            files.replace_dir(staging, out)
             _fsync_dir(out.parent)
     finally:
         if staging.exists():
