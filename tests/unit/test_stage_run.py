@@ -332,3 +332,26 @@ def test_the_end_of_a_stage_ends_the_server_it_started(stages, ending: str):
     assert not pid_alive(server)
     assert not (stage.run_dir / "srv.server.json").exists()
     assert not pid_alive(started["pid"])
+
+
+def test_a_stage_that_ends_between_the_two_reads_of_a_poll_is_finished_not_lost(
+    stages, monkeypatch
+):
+    """The supervisor writes NAME.status.json, then removes NAME.pid. A poll that read the
+    status (absent) just before and the pid record (gone) just after must not call the stage
+    lost: seen under load, it failed a serve stage that had ended with rc 0."""
+    stage = stages("serve")
+    stage.write("exit 0\n")
+    stage_run.start(stage.script, stage.log, stage.run_dir, stage.name, 60)
+    stage.wait_finished()
+    real = stage_run.read_json
+    reads: list[str] = []
+
+    def racing(path: Path):
+        reads.append(path.name)
+        # The first status read happens just before the supervisor wrote it.
+        return None if reads.count("serve.status.json") == 1 else real(path)
+
+    monkeypatch.setattr(stage_run, "read_json", racing)
+    result = stage_run.status(stage.log, stage.run_dir, stage.name, 5)
+    assert result["state"] == "finished" and result["rc"] == 0, result

@@ -207,21 +207,25 @@ def status(log: Path, run_dir: Path, name: str, tail: int, wait_s: float = 0.0) 
         time.sleep(min(_WAIT_STEP_S, max(0.0, deadline - time.monotonic())))
 
 
+def _finished(name: str, done: dict[str, Any], log: Path, tail: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "state": "finished",
+        "rc": done["rc"],
+        "timed_out": done["timed_out"],
+        "elapsed_s": done["duration_s"],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done["started"])),
+        "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done["ended"])),
+        "step": current_step(log),
+        "tail": tail_lines(log, tail),
+    }
+
+
 def _status_now(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any]:
     paths = _paths(run_dir, name)
     done = read_json(paths["status"])
     if done is not None:
-        return {
-            "name": name,
-            "state": "finished",
-            "rc": done["rc"],
-            "timed_out": done["timed_out"],
-            "elapsed_s": done["duration_s"],
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done["started"])),
-            "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done["ended"])),
-            "step": current_step(log),
-            "tail": tail_lines(log, tail),
-        }
+        return _finished(name, done, log, tail)
     running = read_json(paths["pid"])
     if running is not None and (
         group_alive(int(running["pgid"])) or process_alive(int(running.get("supervisor") or 0))
@@ -233,6 +237,11 @@ def _status_now(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any
             "step": current_step(log),
             "last_line": (tail_lines(log, 1) or [""])[0][:200],
         }
+    # The supervisor writes the status, then removes the pid record: a stage that ended
+    # between the two reads above has its status now (a loaded host makes that window real).
+    done = read_json(paths["status"])
+    if done is not None:
+        return _finished(name, done, log, tail)
     # Neither running nor finished: the supervisor was killed (e.g. the host rebooted),
     # or the stage was never started.
     return {
