@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup run check lint unit integration test-reliability molecule molecule-local molecule-container test-hosts-deps test-images test clean
+.PHONY: setup run check lint docs unit integration test-reliability molecule molecule-local molecule-container test-hosts-deps test-images test clean
 
 setup:  ## controller venv (ansible-core, molecule, testinfra, linters) + collections
 	@scripts/setup-controller
@@ -17,10 +17,14 @@ check: setup  ## what a run would change, without changing it
 	$(BIN)/ansible-playbook site.yml -i inventory/local.yml --check
 
 lint: setup
+	scripts/role-docs --check
 	$(BIN)/ansible-lint
 	$(BIN)/yamllint -s .
 	$(BIN)/ruff check python_helpers tests callback_plugins molecule
 	$(BIN)/ruff format --check python_helpers tests callback_plugins molecule
+
+docs: setup  ## regenerate roles/*/README.md from each role's meta/argument_specs.yml (aar-doc)
+	scripts/role-docs
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit

@@ -8,11 +8,12 @@ straight from it: `PYTHONPATH=specfleet_helpers.zip python -m specfleet_helpers.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import zipfile
 from pathlib import Path
 from typing import Optional
+
+from specfleet_helpers.files import atomic_path
 
 FIXED_TIME = (2020, 1, 1, 0, 0, 0)
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -20,9 +21,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 def build(out: Path, package_dir: Path = PACKAGE_DIR) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     sources = sorted(p for p in package_dir.rglob("*.py") if "__pycache__" not in p.parts)
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    with atomic_path(out) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for path in sources:
             info = zipfile.ZipInfo(
                 f"{package_dir.name}/{path.relative_to(package_dir).as_posix()}", FIXED_TIME
@@ -30,7 +30,6 @@ def build(out: Path, package_dir: Path = PACKAGE_DIR) -> Path:
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             zf.writestr(info, path.read_bytes())
-    os.replace(tmp, out)
     return out
 
 

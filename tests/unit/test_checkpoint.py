@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from specfleet_helpers import files
 from specfleet_helpers.stages import checkpoint
 from specfleet_helpers.stages.checkpoint import (
     BadInput,
@@ -230,7 +231,7 @@ def test_publish_copies_only_config_and_weights(tmp_path, capsys):
 @pytest.mark.parametrize("exchange", [True, False], ids=["renameat2-exchange", "two-renames"])
 def test_publish_replaces_an_existing_draft(tmp_path, monkeypatch, exchange):
     if not exchange:
-        monkeypatch.setattr(checkpoint, "exchange_paths", lambda first, second: False)
+        monkeypatch.setattr(files, "exchange_paths", lambda first, second: False)
     save = make_save(tmp_path, epochs=3, best=2)
     out = tmp_path / "draft"
     out.mkdir()
@@ -284,7 +285,7 @@ def test_a_failure_while_copying_leaves_the_old_draft_intact(tmp_path, monkeypat
 
 
 def test_a_failure_at_the_rename_restores_the_old_draft(tmp_path, monkeypatch):
-    monkeypatch.setattr(checkpoint, "exchange_paths", lambda first, second: False)
+    monkeypatch.setattr(files, "exchange_paths", lambda first, second: False)
     save = make_save(tmp_path)
     out = tmp_path / "draft"
     out.mkdir()

@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -409,21 +410,32 @@ def test_concurrent_cli_acquirers_exactly_one_wins(lock: Path):
 
 
 def test_taking_over_stops_what_the_abandoned_run_left_running(lock: Path):
-    """A dead run's detached stage and its server hold ports and memory the new run needs:
-    the run that takes the lock over stops them (by their recorded process groups only)."""
+    """A dead run's detached stage and the server it started hold ports and memory the new run
+    needs: the run that takes the lock over stops them, through the stage's recorded process
+    group only (the server lives in it), and forgets the server's record."""
     import socket
 
     from procutil import pid_alive, wait_until
-    from specfleet_helpers.host import stage_run, vllm_server
+    from specfleet_helpers.host import stage_run
 
     run_dir = lock.parent
-    script = run_dir / "slow.sh"
-    script.write_text("echo '==> working'\nsleep 300\n")
-    stage = stage_run.start(script, run_dir / "slow.log", run_dir, "slow", 600)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = vllm_server.start_server("fake", run_dir, run_dir / "fake.log", port, ["sleep", "300"])
+    script = run_dir / "slow.sh"
+    # The way the hidden_states and serve scripts start their server: from inside the stage.
+    script.write_text(
+        f"export PYTHONPATH={shlex.quote(str(HELPERS))}\n"
+        f"{shlex.quote(sys.executable)} -m specfleet_helpers.host.vllm_server start --name fake"
+        f" --run-dir {shlex.quote(str(run_dir))} --log {shlex.quote(str(run_dir / 'fake.log'))}"
+        f" --port {port} -- sleep 300\n"
+        "echo '==> working'\nsleep 300\n"
+    )
+    stage = stage_run.start(script, run_dir / "slow.log", run_dir, "slow", 600)
+    record = run_dir / "fake.server.json"
+    assert wait_until(record.is_file, 20), (run_dir / "slow.log").read_text()
+    server = json.loads(record.read_text())
+    assert server["pgid"] == stage["pid"]  # the server is the stage's: in its process group
     bystander = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         assert acquire_cli(lock, "run-a").returncode == 0
@@ -440,13 +452,12 @@ def test_taking_over_stops_what_the_abandoned_run_left_running(lock: Path):
         )
         assert wait_until(lambda: not pid_alive(stage["pid"]), 10)
         assert not pid_alive(server["pid"])
-        assert not (run_dir / "fake.server.json").exists()
+        assert not record.exists()
         assert pid_alive(bystander.pid)
         # Nothing left to stop: a later takeover only takes the lock.
         again = acquire_cli(lock, "run-d", "--break-token", "run-c")
         assert output(again)["broke"]["stopped"] == []
     finally:
         stage_run.stop(run_dir, "slow")
-        vllm_server.stop_server("fake", run_dir, grace_s=1)
         bystander.kill()
         bystander.wait()

@@ -285,3 +285,73 @@ def test_tail_lines_and_current_step(tmp_path):
     assert stage_run.tail_lines(log, 0) == []
     assert stage_run.tail_lines(log, 100)[:2] == ["==> first", "bold"]
     assert stage_run.current_step(log) == "second"
+
+
+def server_script(stage: Stage, port: int, then: str) -> None:
+    """A stage script that starts a server the way hidden_states.sh and serve.sh do (the
+    vllm_server CLI from inside the script), then runs `then`."""
+    stage.write(
+        f"export PYTHONPATH={shlex.quote(str(HELPERS))}\n"
+        f"{shlex.quote(sys.executable)} -m specfleet_helpers.host.vllm_server start --name srv"
+        f" --run-dir {shlex.quote(str(stage.run_dir))}"
+        f" --log {shlex.quote(str(stage.tmp / 'srv.log'))} --port {port} -- sleep 300\n"
+        'echo "==> server up"\n' + then
+    )
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_pid(stage: Stage) -> int:
+    record = stage.run_dir / "srv.server.json"
+    assert wait_until(record.is_file, 20), stage.log.read_text()
+    return json.loads(record.read_text())["pid"]
+
+
+@pytest.mark.parametrize("ending", ["fails", "stop", "timeout"])
+def test_the_end_of_a_stage_ends_the_server_it_started(stages, ending: str):
+    """One owner per process: the server a stage script started lives in the stage's process
+    group, so however the stage ends (the script fails without stopping it, stage_run stop,
+    the timeout) its server ends with it and its record is forgotten; no trap needed."""
+    stage = stages("hidden_states")
+    server_script(stage, free_port(), "exit 7\n" if ending == "fails" else "sleep 300\n")
+    started = stage_run.start(
+        stage.script, stage.log, stage.run_dir, stage.name, 3 if ending == "timeout" else 60
+    )
+    server = server_pid(stage)
+    if ending == "stop":
+        assert stage_run.stop(stage.run_dir, stage.name)["stopped"] is True
+    result = stage.wait_finished(timeout=30)
+    assert result["rc"] == {"fails": 7, "timeout": 124}.get(ending, result["rc"]) != 0
+    # The stage is reported finished only once its server is gone (its port is free then).
+    assert not pid_alive(server)
+    assert not (stage.run_dir / "srv.server.json").exists()
+    assert not pid_alive(started["pid"])
+
+
+def test_a_stage_that_ends_between_the_two_reads_of_a_poll_is_finished_not_lost(
+    stages, monkeypatch
+):
+    """The supervisor writes NAME.status.json, then removes NAME.pid. A poll that read the
+    status (absent) just before and the pid record (gone) just after must not call the stage
+    lost: seen under load, it failed a serve stage that had ended with rc 0."""
+    stage = stages("serve")
+    stage.write("exit 0\n")
+    stage_run.start(stage.script, stage.log, stage.run_dir, stage.name, 60)
+    stage.wait_finished()
+    real = stage_run.read_json
+    reads: list[str] = []
+
+    def racing(path: Path):
+        reads.append(path.name)
+        # The first status read happens just before the supervisor wrote it.
+        return None if reads.count("serve.status.json") == 1 else real(path)
+
+    monkeypatch.setattr(stage_run, "read_json", racing)
+    result = stage_run.status(stage.log, stage.run_dir, stage.name, 5)
+    assert result["state"] == "finished" and result["rc"] == 0, result

@@ -154,13 +154,15 @@ def test_start_wait_status_stop(fakes):
     assert info["started"] is True
     assert info["port"] == fake.port
     assert info["host"] == "127.0.0.1"
-    assert info["pgid"] == info["pid"]
+    # One owner per process: the server stays in the caller's process group (a stage
+    # script's), so ending that group ends the server too.
+    assert info["pgid"] == os.getpgrp() != info["pid"]
     assert info["stopped_stale"] is False
     state = json.loads(fake.state_file.read_text())
-    assert {"pid", "pgid", "port", "host", "argv", "started"} <= set(state)
+    assert {"pid", "pgid", "marker", "port", "host", "argv", "started"} <= set(state)
     assert state["argv"] == fake.argv(delay=1.5)
-    assert os.getpgid(state["pid"]) == state["pid"]  # its own process group
-    assert os.getsid(state["pid"]) == state["pid"]  # and its own session
+    assert os.getpgid(state["pid"]) == os.getpgrp()  # the caller's process group
+    assert os.getsid(state["pid"]) == os.getsid(0)  # and its session
 
     waited = fake.wait()
     assert waited.returncode == 0, waited.stderr
@@ -677,11 +679,12 @@ def test_real_vllm_cpu_hidden_states_server(tmp_path):
     )  # fmt: skip
     run_dir, log = tmp_path / "run", tmp_path / "logs" / "hidden_states.log"
     env = {"PYTHONPATH": str(HELPERS), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    info = vllm_server.start_server("hidden_states", run_dir, log, port, argv, env=env)
+    vllm_server.start_server("hidden_states", run_dir, log, port, argv, env=env)
     try:
         healthy = vllm_server.wait_healthy("hidden_states", run_dir, timeout=300)
         timings["healthy_s"] = healthy["seconds"]
-        members = vllm_server.group_members(info["pgid"])
+        record = json.loads((run_dir / "hidden_states.server.json").read_text())
+        members = vllm_server.server_members(record)
         assert len(members) >= 2, "expected the API server and its engine core process"
 
         prompts = [[1, 100 + i, 200 + i, 300 + i, 400, 500, 2][: 4 + i] for i in range(3)]
@@ -731,7 +734,7 @@ def test_real_vllm_cpu_hidden_states_server(tmp_path):
     timings["total_s"] = round(time.monotonic() - t0, 1)
     print("timings", json.dumps(timings))
     assert stopped["stopped"] is True
-    assert vllm_server.group_members(info["pgid"]) == []
+    assert vllm_server.server_members(record) == []
     assert not any(pid_alive(pid) for pid in members)
     assert vllm_server.health_ok("127.0.0.1", port) is False
     assert "pin_memory" not in log.read_text()

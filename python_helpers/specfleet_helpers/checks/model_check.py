@@ -27,38 +27,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import struct
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from specfleet_helpers import files
+
 CONFIG = "config.json"
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-
-# A header larger than this is not a real safetensors header (upstream refuses > 100 MB).
-MAX_HEADER_BYTES = 100 * 1024 * 1024
-
-# Bytes per element of the safetensors dtypes whose size is a whole number of bytes.
-DTYPE_BYTES = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "F8_E8M0": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-    "C64": 8,
-}
 
 
 class ModelCheckError(Exception):
@@ -87,79 +64,13 @@ def load_json_object(path: Path) -> dict[str, Any]:
 
 
 def read_safetensors_header(path: Path) -> dict[str, Any]:
-    """Parse and check a safetensors file's header against the file's size.
-
-    Returns the tensor entries (name -> {"dtype", "shape", "data_offsets"}), without
-    ``__metadata__``. Raises ModelCheckError when the file is empty, truncated, padded or its
-    header is malformed.
-    """
-    size = path.stat().st_size
-    if size == 0:
-        raise ModelCheckError(f"{path}: empty file")
-    if size < 8:
-        raise ModelCheckError(f"{path}: {size} bytes, too short for a safetensors header")
-    with path.open("rb") as handle:
-        (header_len,) = struct.unpack("<Q", handle.read(8))
-        if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
-            raise ModelCheckError(
-                f"{path}: header length {header_len} does not fit in the file ({size} bytes);"
-                " truncated or not a safetensors file"
-            )
-        raw = handle.read(header_len)
+    """Parse and check a safetensors file's header against the file's size (files.py's
+    reader): the tensor entries without ``__metadata__``, or ModelCheckError naming the file
+    and what is wrong (empty, truncated, padded, malformed header)."""
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelCheckError(f"{path}: safetensors header is not valid JSON ({exc})") from exc
-    if not isinstance(header, dict):
-        raise ModelCheckError(f"{path}: safetensors header is not a JSON object")
-
-    tensors = {name: entry for name, entry in header.items() if name != "__metadata__"}
-    data_end = 0
-    for name, entry in tensors.items():
-        data_end = max(data_end, _tensor_end(path, name, entry))
-    expected = 8 + header_len + data_end
-    if size != expected:
-        state = "truncated" if size < expected else "has trailing bytes"
-        raise ModelCheckError(
-            f"{path}: file is {size} bytes but its header describes {expected} bytes ({state})"
-        )
-    return tensors
-
-
-def _tensor_end(path: Path, name: str, entry: Any) -> int:
-    """End offset of one tensor's data, after checking the entry is well formed."""
-    if not isinstance(entry, dict):
-        raise ModelCheckError(f"{path}: tensor {name!r}: header entry is not an object")
-    offsets = entry.get("data_offsets")
-    shape = entry.get("shape")
-    dtype = entry.get("dtype")
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
-        or offsets[0] > offsets[1]
-    ):
-        raise ModelCheckError(
-            f"{path}: tensor {name!r}: data_offsets must be [begin, end] with 0 <= begin <= end,"
-            f" got {offsets!r}"
-        )
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise ModelCheckError(f"{path}: tensor {name!r}: shape must be a list of sizes")
-    if not isinstance(dtype, str):
-        raise ModelCheckError(f"{path}: tensor {name!r}: dtype must be a string")
-    if dtype in DTYPE_BYTES:
-        elements = 1
-        for dim in shape:
-            elements *= dim
-        want = elements * DTYPE_BYTES[dtype]
-        if offsets[1] - offsets[0] != want:
-            raise ModelCheckError(
-                f"{path}: tensor {name!r}: {dtype}{shape} needs {want} bytes,"
-                f" data_offsets give {offsets[1] - offsets[0]}"
-            )
-    return int(offsets[1])
+        return files.read_safetensors_header(path)
+    except files.SafetensorsError as exc:
+        raise ModelCheckError(str(exc)) from exc
 
 
 def weight_files(model_dir: Path) -> tuple[list[Path], Optional[Path]]:

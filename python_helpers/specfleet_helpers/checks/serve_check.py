@@ -11,7 +11,9 @@ Subcommands (each prints one JSON line):
            completion without any key and one with a wrong key, each must get HTTP 401.
 
 The API key, if the server wants one, is read from the environment variable named by
---api-key-env, never from argv (argv shows in ps and in logs). Standard library only.
+--api-key-env, never from argv (argv shows in ps and in logs). Standard library, plus
+prometheus_client's parser for ``metrics``: the stage runs this module with the interpreter
+that runs vLLM, and vLLM depends on prometheus_client (it serves /metrics with it).
 Exit codes: 0 ok, 1 check failed or the server misbehaved, 2 bad input.
 """
 
@@ -21,9 +23,7 @@ import argparse
 import http.client
 import ipaddress
 import json
-import math
 import os
-import re
 import secrets
 import sys
 import urllib.error
@@ -65,57 +65,32 @@ class HTTPStatusError(CheckError):
 # ---------------------------------------------------------------- Prometheus text
 
 
-_SAMPLE = re.compile(
-    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
-    r"(?:\{(?P<labels>.*)\})?"
-    r"\s+(?P<value>\S+)"
-    r"(?:\s+(?P<timestamp>-?\d+))?\s*$"
-)
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-_ESCAPE = re.compile(r"\\(.)")
+def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    # Imported here: chat, greedy and auth (and --help) need nothing beyond the stdlib.
+    from prometheus_client.parser import text_string_to_metric_families
 
-
-def _unescape(match: re.Match) -> str:
-    """Label value escapes: \\n is a newline, \\\\ and \\" the character itself."""
-    return "\n" if match.group(1) == "n" else match.group(1)
-
-
-def _parse_labels(text: str) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    pos = 0
-    text = text.strip()
-    while pos < len(text):
-        match = _LABEL.match(text, pos)
-        if not match:
-            raise ValueError(f"bad label set {{{text}}}")
-        labels[match.group(1)] = _ESCAPE.sub(_unescape, match.group(2))
-        pos = match.end()
-    return labels
-
-
-def _parse_value(text: str) -> float:
-    special = {"+Inf": math.inf, "Inf": math.inf, "-Inf": -math.inf, "NaN": math.nan}
-    return special[text] if text in special else float(text)
+    return [
+        (sample.name, dict(sample.labels), float(sample.value))
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
 
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Samples of a Prometheus text exposition as (name, labels, value); comments
-    (# HELP, # TYPE, ...) and blank lines are skipped. Raises ValueError on a bad line."""
-    samples = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            raise ValueError(f"line {number} is not a Prometheus sample: {raw[:200]!r}")
-        try:
-            labels = _parse_labels(match.group("labels") or "")
-            value = _parse_value(match.group("value"))
-        except (ValueError, KeyError) as exc:
-            raise ValueError(f"line {number}: {exc}: {raw[:200]!r}") from None
-        samples.append((match.group("name"), labels, value))
-    return samples
+    """Samples of a Prometheus text exposition as (name, labels, value), read with
+    prometheus_client's parser; comments (# HELP, # TYPE, ...) and blank lines are skipped.
+    Raises ValueError naming the first bad line."""
+    try:
+        return _samples(text)
+    except ValueError as exc:
+        for number, raw in enumerate(text.splitlines(), 1):
+            try:
+                _samples(raw + "\n")
+            except ValueError as line_exc:
+                raise ValueError(
+                    f"line {number} is not a Prometheus sample ({line_exc}): {raw[:200]!r}"
+                ) from None
+        raise ValueError(f"not a Prometheus text exposition: {exc}") from None
 
 
 def metric_sums(text: str, names: tuple[str, ...] = SPEC_METRICS) -> dict[str, Optional[float]]:

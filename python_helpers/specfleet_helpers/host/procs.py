@@ -1,13 +1,29 @@
-"""Process and process-group bookkeeping shared by the helpers that own long-running work
-(stage scripts, vLLM servers, model builds).
+"""Process bookkeeping shared by the helpers that own long-running work (stage scripts, vLLM
+servers, model builds), and the records they leave under ``<root>/run``.
+
+One owner per process: a stage script runs in a process group of its own (stage_run), and
+everything the stage starts, its vLLM server included, stays in that group. Ending the group
+ends the stage and all it started, from one place: the stage's supervisor when the script
+ends or times out, ``stage_run stop``, or the run that takes over an abandoned host lock.
+
+Records (JSON, written atomically):
+  NAME.pid          a running stage: {"pid", "pgid", "supervisor", "started"} (stage_run)
+  NAME.server.json  a server a stage started: {"pid", "pgid", "marker", "boot_id", ...}
+                    (vllm_server). Its processes are those of group ``pgid`` whose
+                    environment carries OWNER_ENV=marker, so the server can be stopped on
+                    its own (the stage script that started it shares the group) and is found
+                    even after its main process died and its children were re-parented.
 
 Liveness is read from /proc and ignores zombies: on hosts (and containers) whose init does
 not reap orphans, a finished process can linger as a zombie and must not count as running.
-Signals only ever go to a recorded process group, never to processes matched by name.
+Signals only ever go to a recorded process group or to members of a recorded server, never
+to processes matched by name. Standard library only: this runs with the host's python3
+(psutil is not there), and the few /proc reads it needs are below.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +32,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 DEFAULT_GRACE_S = 10.0
+# After SIGKILL: how long to wait for the group to be gone (the kernel frees it at once;
+# this only covers a slow exit of a process stuck in the kernel, e.g. on a device).
+KILL_WAIT_S = 10.0
+STAGE_RECORD = ".pid"
+SERVER_RECORD = ".server.json"
+# The environment variable that marks every process of one recorded server.
+OWNER_ENV = "SPECFLEET_OWNER"
 
 
 def proc_stat(pid: int) -> Optional[tuple[str, int, int]]:
@@ -52,6 +75,47 @@ def group_alive(pgid: int) -> bool:
     return bool(group_members(pgid))
 
 
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _environ_has(pid: int, entry: bytes) -> bool:
+    try:
+        return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone, or not ours to read: then not ours to signal either
+        return False
+
+
+def marked_members(pgid: int, marker: str) -> list[int]:
+    """Live processes of the group whose environment carries OWNER_ENV=marker."""
+    entry = f"{OWNER_ENV}={marker}".encode()
+    return [pid for pid in group_members(pgid) if _environ_has(pid, entry)]
+
+
+def record_members(record: dict[str, Any]) -> list[int]:
+    """The live processes of a recorded server (vllm_server's NAME.server.json)."""
+    if record.get("boot_id") and record["boot_id"] != boot_id():
+        return []
+    pgid = int(record["pgid"])
+    if record.get("marker"):
+        return marked_members(pgid, str(record["marker"]))
+    # A record without a marker was written when a server had its own process group.
+    leader = proc_stat(pgid)
+    started = record.get("starttime")
+    if leader is not None and started is not None and leader[2] != int(started):
+        return []
+    return group_members(pgid)
+
+
+def signal_pids(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
 def signal_group(pgid: int, signum: int) -> None:
     try:
         os.killpg(pgid, signum)
@@ -70,14 +134,50 @@ def kill_group(pgid: int, grace_s: float = DEFAULT_GRACE_S) -> bool:
             return True
         time.sleep(0.2)
     signal_group(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
     return True
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON to a temporary sibling, then rename: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+def end_stage(record: dict[str, Any]) -> bool:
+    """End a recorded stage (stage_run's NAME.pid): its supervisor first, so that it can no
+    longer write the stage's files, then the stage's process group with everything the stage
+    started. True if anything was still running."""
+    ended = False
+    supervisor = int(record.get("supervisor") or 0)
+    if supervisor and process_alive(supervisor):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(supervisor, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while process_alive(supervisor) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ended = True
+    if group_alive(int(record["pgid"])):
+        ended = kill_group(int(record["pgid"])) or ended
+    return ended
+
+
+def servers_of_group(run_dir: Path, pgid: int) -> dict[str, list[int]]:
+    """The servers recorded in run_dir that live in process group `pgid`: name -> live pids."""
+    found = {}
+    for path in sorted(Path(run_dir).glob(f"*{SERVER_RECORD}")):
+        record = read_json(path)
+        if record is not None and record.get("pgid") == pgid:
+            found[path.name[: -len(SERVER_RECORD)]] = record_members(record)
+    return found
+
+
+def forget_dead_servers(run_dir: Path, pgid: int) -> list[str]:
+    """Remove the records of the servers of group `pgid` that no longer run (their stage
+    ended); return their names."""
+    forgotten = []
+    for name, members in servers_of_group(run_dir, pgid).items():
+        if not members:
+            with contextlib.suppress(FileNotFoundError):
+                (Path(run_dir) / f"{name}{SERVER_RECORD}").unlink()
+            forgotten.append(name)
+    return forgotten
 
 
 def read_json(path: Path) -> Optional[dict[str, Any]]:

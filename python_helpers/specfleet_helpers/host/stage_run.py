@@ -2,8 +2,11 @@
 
 Ansible starts a stage with ``start`` (returns at once) and polls ``status`` until the
 stage has finished, so a long stage never holds an SSH session open and every poll can
-show progress. The stage script runs in its own process group; ``stop`` (and a timeout)
-end exactly that group, nothing else on the host.
+show progress. The stage script runs in its own process group, and everything it starts
+stays there (its vLLM server too: see vllm_server), so that group is the stage: ``stop``, a
+timeout, and the end of the script (whatever it left running) end exactly that group and
+nothing else on the host. Only the supervisor does it, and it forgets the records of the
+servers that went with the group (procs).
 
 Files, for a stage NAME under RUN_DIR:
   NAME.pid          pid and process group of the running script
@@ -18,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import signal
 import sys
@@ -26,19 +28,21 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from specfleet_helpers.host import host_lock
+from specfleet_helpers.files import tail_lines, write_json_atomic
+from specfleet_helpers.host import host_lock, procs
 from specfleet_helpers.host.procs import (
     DEFAULT_GRACE_S,
     group_alive,
     kill_group,
     process_alive,
     read_json,
-    write_json_atomic,
 )
 
 STEP_PREFIX = "==>"
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\r")
 KILL_GRACE_S = DEFAULT_GRACE_S
+# What the script left running when it ended (its vLLM server after a failure, say) gets this
+# long after SIGTERM: a vLLM server shuts down cleanly within it.
+LEFTOVER_GRACE_S = 5.0
 
 
 # How often a --wait status looks again: ends are seen within this, at a few stat() calls.
@@ -47,43 +51,9 @@ _WAIT_STEP_S = 0.25
 
 def _paths(run_dir: Path, name: str) -> dict[str, Path]:
     return {
-        "pid": run_dir / f"{name}.pid",
+        "pid": run_dir / f"{name}{procs.STAGE_RECORD}",
         "status": run_dir / f"{name}.status.json",
     }
-
-
-def _end_stale_run(info: dict[str, Any]) -> bool:
-    """End a previous run's supervisor first (so it can no longer write this stage's files),
-    then its script's process group. True if anything was still running."""
-    ended = False
-    supervisor = int(info.get("supervisor") or 0)
-    if supervisor and process_alive(supervisor):
-        try:
-            os.kill(supervisor, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 5
-        while process_alive(supervisor) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        ended = True
-    if group_alive(int(info["pgid"])):
-        ended = kill_group(int(info["pgid"])) or ended
-    return ended
-
-
-def tail_lines(log: Path, count: int) -> list[str]:
-    """Last `count` lines of the log, without terminal escapes."""
-    try:
-        with log.open("rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 256 * 1024))
-            data = fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return []
-    lines = [ANSI.sub("", line).rstrip() for line in data.splitlines()]
-    lines = [line for line in lines if line]
-    return lines[-count:] if count > 0 else []
 
 
 def current_step(log: Path) -> str:
@@ -160,8 +130,11 @@ def _supervise(script: Path, log: Path, run_dir: Path, name: str, timeout_s: flo
                 status = _terminate_child_group(pid)
                 break
             time.sleep(0.5)
-        # The script's own children (if any survived it) belong to its group: end them too.
-        kill_group(pid, grace_s=2.0)
+        # What the script started and left running (its server after a failure, a stray
+        # child) is in its group: end it, and only then tell Ansible the stage is over, so
+        # the next stage finds the ports and the memory free.
+        kill_group(pid, grace_s=LEFTOVER_GRACE_S)
+        procs.forget_dead_servers(run_dir, pid)
     rc = os.waitstatus_to_exitcode(status)
     if rc < 0:  # killed by a signal: report it the way a shell does (143 for SIGTERM)
         rc = 128 - rc
@@ -189,7 +162,9 @@ def start(script: Path, log: Path, run_dir: Path, name: str, timeout_s: float) -
     run_dir.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     stale = read_json(paths["pid"])
-    stopped_stale = _end_stale_run(stale) if stale else False
+    stopped_stale = procs.end_stage(stale) if stale else False
+    if stale:
+        procs.forget_dead_servers(run_dir, int(stale["pgid"]))
     for path in paths.values():
         if path.exists():
             path.unlink()
@@ -232,21 +207,25 @@ def status(log: Path, run_dir: Path, name: str, tail: int, wait_s: float = 0.0) 
         time.sleep(min(_WAIT_STEP_S, max(0.0, deadline - time.monotonic())))
 
 
+def _finished(name: str, done: dict[str, Any], log: Path, tail: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "state": "finished",
+        "rc": done["rc"],
+        "timed_out": done["timed_out"],
+        "elapsed_s": done["duration_s"],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done["started"])),
+        "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done["ended"])),
+        "step": current_step(log),
+        "tail": tail_lines(log, tail),
+    }
+
+
 def _status_now(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any]:
     paths = _paths(run_dir, name)
     done = read_json(paths["status"])
     if done is not None:
-        return {
-            "name": name,
-            "state": "finished",
-            "rc": done["rc"],
-            "timed_out": done["timed_out"],
-            "elapsed_s": done["duration_s"],
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done["started"])),
-            "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(done["ended"])),
-            "step": current_step(log),
-            "tail": tail_lines(log, tail),
-        }
+        return _finished(name, done, log, tail)
     running = read_json(paths["pid"])
     if running is not None and (
         group_alive(int(running["pgid"])) or process_alive(int(running.get("supervisor") or 0))
@@ -258,6 +237,11 @@ def _status_now(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any
             "step": current_step(log),
             "last_line": (tail_lines(log, 1) or [""])[0][:200],
         }
+    # The supervisor writes the status, then removes the pid record: a stage that ended
+    # between the two reads above has its status now (a loaded host makes that window real).
+    done = read_json(paths["status"])
+    if done is not None:
+        return _finished(name, done, log, tail)
     # Neither running nor finished: the supervisor was killed (e.g. the host rebooted),
     # or the stage was never started.
     return {
@@ -270,8 +254,11 @@ def _status_now(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any
 
 
 def stop(run_dir: Path, name: str) -> dict[str, Any]:
+    """End the stage's process group (its supervisor then records the end)."""
     info = read_json(_paths(run_dir, name)["pid"])
     stopped = bool(info) and kill_group(int(info["pgid"]))
+    if info:
+        procs.forget_dead_servers(run_dir, int(info["pgid"]))
     return {"name": name, "stopped": stopped}
 
 

@@ -1,16 +1,23 @@
-"""Own the lifecycle of one vLLM server process: start it detached, wait until it is
-healthy, report on it, stop it. Used by the hidden_states and serve stages.
+"""Start one vLLM server for a stage, wait until it is healthy, report on it, stop it. Used by
+the hidden_states and serve stages.
+
+The server belongs to the stage that starts it: it runs in the caller's process group (the
+stage script's, which stage_run gave the stage), so ending the stage's group ends the server
+with it, whoever ends the stage (its supervisor when the script ends or times out,
+``stage_run stop``, a run taking over an abandoned host lock). No trap or second stop path is
+needed for that; ``stop`` is for a stage that is done with its server and goes on.
 
 ``start`` refuses a port that something else holds (exit 3, naming the owner when it is
-visible), then runs the server command in its own process group (setsid) with stdin from
-/dev/null and stdout/stderr to a log file, records it in RUN_DIR/NAME.server.json and
-returns at once. ``wait`` polls GET /health until it answers 200 and fails fast, with the
-log tail, as soon as the server's process group is gone. ``watch`` guards a client that
-uses the server (e.g. ``speculators generate-offline-data``): should the server die, stop
-answering /health, or the client outlast its timeout, it stops the client and fails with
-the server's log tail, instead of leaving the client retrying against a dead server.
-``stop`` ends exactly the recorded process group (SIGTERM, then SIGKILL after a grace
-period) and nothing else; it is idempotent.
+visible), then runs the server command with stdin from /dev/null and stdout/stderr to a log
+file, marked by an environment variable (procs.OWNER_ENV) that its child processes inherit,
+records it in RUN_DIR/NAME.server.json and returns at once. ``wait`` polls GET /health
+until it answers 200 and fails fast, with the log tail, as soon as the server's processes
+are gone. ``watch`` guards a client that uses the server (e.g. ``speculators
+generate-offline-data``): should the server die, stop answering /health, or the client
+outlast its timeout, it stops the client and fails with the server's log tail, instead of
+leaving the client retrying against a dead server.
+``stop`` ends exactly the server's marked processes (SIGTERM, then SIGKILL after a grace
+period) and nothing else, not the stage script that shares their group; it is idempotent.
 
 Liveness is judged from /proc, ignoring zombies: on hosts whose init does not reap
 orphans, a dead server can linger as a zombie and must not count as running.
@@ -29,6 +36,7 @@ import argparse
 import http.client
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -38,10 +46,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
+from specfleet_helpers.files import tail_lines, write_json_atomic
 from specfleet_helpers.host import procs
 from specfleet_helpers.host.host_probe import port_free, port_owner
-from specfleet_helpers.host.procs import proc_stat, read_json, signal_group, write_json_atomic
-from specfleet_helpers.host.stage_run import tail_lines
+from specfleet_helpers.host.procs import proc_stat, read_json
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_GRACE_S = 15.0
@@ -84,7 +92,7 @@ class PortInUse(ServerError):
     exit_code = EXIT_PORT_BUSY
 
 
-STATE_SUFFIX = ".server.json"
+STATE_SUFFIX = procs.SERVER_RECORD
 
 
 def state_path(run_dir: Path, name: str) -> Path:
@@ -109,17 +117,10 @@ def redact(argv: list[str]) -> list[str]:
     return out
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def group_members(pgid: int) -> list[int]:
-    """Pids of the live (non-zombie) processes in the process group."""
+def server_members(state: dict[str, Any]) -> list[int]:
+    """Pids of the recorded server's live (non-zombie) processes."""
     _reap_children()
-    return procs.group_members(pgid)
+    return procs.record_members(state)
 
 
 def _reap_children() -> None:
@@ -129,18 +130,17 @@ def _reap_children() -> None:
 
 
 def _is_ours(state: dict[str, Any]) -> bool:
-    """Whether the recorded group can still be ours: same boot, and the group leader (if it
-    still exists) is the process we started, not a later one that reused the pid."""
-    if state.get("boot_id") and state["boot_id"] != _boot_id():
+    """Whether the recorded main process can still be ours: same boot, and (if it still
+    exists) the process we started, not a later one that reused the pid."""
+    if state.get("boot_id") and state["boot_id"] != procs.boot_id():
         return False
-    leader = proc_stat(int(state["pgid"]))
-    if leader is not None and state.get("starttime") is not None:
-        return leader[2] == int(state["starttime"])
+    main = proc_stat(int(state["pid"]))
+    if main is not None and state.get("starttime") is not None:
+        return main[2] == int(state["starttime"])
     return True
 
 
-def _live_members(state: dict[str, Any]) -> list[int]:
-    return group_members(int(state["pgid"])) if _is_ours(state) else []
+_live_members = server_members
 
 
 def _connect_host(host: str) -> str:
@@ -192,7 +192,8 @@ def start_server(
     env: Optional[dict[str, str]] = None,
     cwd: Optional[Path] = None,
 ) -> dict[str, Any]:
-    """Start `argv` detached in its own process group and record it; return at once.
+    """Start `argv` in the caller's process group, marked as this server, and record it;
+    return at once.
 
     A server recorded under the same name that is still running (left by an interrupted
     run) is stopped first. Raises PortInUse if anything else holds the port, BadInput for
@@ -216,6 +217,7 @@ def start_server(
         raise PortInUse(_port_message(host, port))
 
     shown = redact(argv)
+    marker = f"{name}.{secrets.token_hex(8)}"
     with log.open("wb") as out:
         header = (
             f"==> specfleet: server '{name}' starting {time.strftime('%Y-%m-%d %H:%M:%S')} "
@@ -229,25 +231,26 @@ def start_server(
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, **(env or {}), procs.OWNER_ENV: marker},
                 cwd=str(cwd) if cwd else None,
-                start_new_session=True,  # setsid: its own session and process group
                 close_fds=True,
             )
         except (FileNotFoundError, PermissionError) as exc:
             raise BadInput(f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
     _CHILDREN[proc.pid] = proc
     stat = proc_stat(proc.pid)
+    pgid = os.getpgrp()  # the child's too: it is forked in our group and stays there
     state = {
         "name": name,
         "pid": proc.pid,
-        "pgid": proc.pid,
+        "pgid": pgid,
+        "marker": marker,
         "host": host,
         "port": port,
         "argv": shown,
         "log": str(log.absolute()),
         "started": time.time(),
-        "boot_id": _boot_id(),
+        "boot_id": procs.boot_id(),
         "starttime": stat[2] if stat else None,
     }
     write_json_atomic(state_path(run_dir, name), state)
@@ -255,7 +258,7 @@ def start_server(
         "name": name,
         "started": True,
         "pid": proc.pid,
-        "pgid": proc.pid,
+        "pgid": pgid,
         "host": host,
         "port": port,
         "log": state["log"],
@@ -278,7 +281,7 @@ def wait_healthy(
     tail: int = TAIL_LINES,
 ) -> dict[str, Any]:
     """Poll /health until 200. Raises ServerError (with the log tail) as soon as the
-    server's process group is gone, or when `timeout` seconds pass."""
+    server's processes are gone, or when `timeout` seconds pass."""
     state = _require_state(name, Path(run_dir))
     host, port = state["host"], int(state["port"])
     log = Path(state["log"])
@@ -312,7 +315,7 @@ def wait_healthy(
 
 def _leader_alive(state: dict[str, Any]) -> bool:
     """Whether the server's main process (the command start ran: vLLM's API server) still
-    runs. Other processes of its group (vLLM's engine core) cannot serve without it."""
+    runs. Its other processes (vLLM's engine core) cannot serve without it."""
     return _is_ours(state) and procs.process_alive(int(state["pid"]))
 
 
@@ -416,7 +419,7 @@ def _tail_without_probes(log: Path, count: int) -> list[str]:
 
 
 def stop_server(name: str, run_dir: Path, grace_s: float = DEFAULT_GRACE_S) -> dict[str, Any]:
-    """SIGTERM the recorded process group, SIGKILL what is left after `grace_s`, forget the
+    """SIGTERM the server's processes, SIGKILL what is left after `grace_s`, forget the
     server. Idempotent: with no server recorded, or one already gone, it only cleans up."""
     path = state_path(Path(run_dir), name)
     state = read_json(path)
@@ -426,16 +429,17 @@ def stop_server(name: str, run_dir: Path, grace_s: float = DEFAULT_GRACE_S) -> d
             path.unlink()
         return result
     began = time.monotonic()
-    pgid = int(state["pgid"])
-    if _live_members(state):
+    members = _live_members(state)
+    if members:
         result["stopped"] = True
-        signal_group(pgid, signal.SIGTERM)
+        procs.signal_pids(members, signal.SIGTERM)
         deadline = began + grace_s
         while _live_members(state) and time.monotonic() < deadline:
             time.sleep(0.2)
-        if _live_members(state):
+        left = _live_members(state)
+        if left:
             result["killed"] = True
-            signal_group(pgid, signal.SIGKILL)
+            procs.signal_pids(left, signal.SIGKILL)
             kill_deadline = time.monotonic() + 10
             while _live_members(state) and time.monotonic() < kill_deadline:
                 time.sleep(0.1)
@@ -499,7 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m specfleet_helpers.host.vllm_server",
         description=(
             "Start, wait for, inspect or stop one vLLM server (any HTTP server with a "
-            "GET /health) as a detached process group recorded in RUN_DIR/NAME.server.json. "
+            "GET /health) of a stage, recorded in RUN_DIR/NAME.server.json. It runs in the "
+            "caller's process group, so ending the stage's group ends it too. "
             "Prints one JSON line. Exit codes: 0 ok, 1 failed (died, timed out), 2 bad "
             "input, 3 port in use."
         ),
@@ -517,10 +522,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "start",
-        help="start the command after -- detached, return at once",
+        help="start the command after -- in the background, return at once",
         description=(
-            "Start the server command given after -- in its own process group, output to "
-            "--log, and return at once. Refuses (exit 3) when the port is already held."
+            "Start the server command given after -- in the caller's process group, output "
+            "to --log, and return at once. Refuses (exit 3) when the port is already held."
         ),
     )
     common(p)
@@ -541,7 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="poll GET /health until 200; fail fast if the server dies",
         description=(
             "Poll GET /health until it answers 200. Fails (exit 1, with the log tail) as soon "
-            "as the server's process group is gone, or at --timeout."
+            "as the server's processes are gone, or at --timeout."
         ),
     )
     common(p)
@@ -576,7 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tail", type=int, default=TAIL_LINES, help="log lines shown on failure")
 
-    p = sub.add_parser("stop", help="end the server's process group (idempotent)")
+    p = sub.add_parser("stop", help="end the server's processes (idempotent)")
     common(p)
     p.add_argument(
         "--grace",

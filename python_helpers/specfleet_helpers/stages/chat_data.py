@@ -48,6 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from specfleet_helpers.files import atomic_path
+
 SMOKE_QUESTION = "Briefly describe AI topic #{i}."
 SMOKE_ANSWER = "AI is a field of computer science."
 ROLES = frozenset({"system", "user", "assistant", "tool"})
@@ -325,17 +327,11 @@ def build_rows(
 def write_rows(path: Path, rows: Iterable[Row]) -> None:
     """Write JSONL atomically: a temporary file in the same directory, then rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("w", encoding="utf-8") as handle:
-            for row in rows:
-                handle.write(row.to_json() + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(row.to_json() + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def build(

@@ -40,20 +40,19 @@ overlapping the save directory). Errors are one line on stderr.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import errno
 import hashlib
 import json
 import math
 import os
 import re
 import shutil
-import struct
 import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Optional
+
+from specfleet_helpers import files
 
 PROG = "python -m specfleet_helpers.stages.checkpoint"
 EXIT_OK = 0
@@ -70,7 +69,6 @@ TRAINING_STATE_FILE = "training_state.json"
 _EPOCH_DIR = re.compile(r"^\d+$")
 _EPOCH_LINK = re.compile(r"^epoch(\d+)_(?:end|step\d+)$")
 _COPY_CHUNK = 8 * 1024 * 1024
-_SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024
 
 
 class BadInput(Exception):
@@ -137,46 +135,30 @@ def _epoch_of(name: str) -> Optional[int]:
 # --------------------------------------------------------------------------------------
 
 
-def safetensors_tensor_count(path: Path) -> int:
-    """Number of tensors in a safetensors file; ValueError when it is not one.
+# How the draft check words each problem of the shared reader, after the file's name.
+_SAFETENSORS_WORDING = {
+    "empty": "is empty",
+    "short": "is too short for a safetensors file",
+    "header_length": "has a bad safetensors header length",
+    "header": "has an unreadable safetensors header",
+    "size": "is not as long as its safetensors header says",
+}
 
-    Reads only the header: 8 bytes little-endian header length, then a JSON object of
-    tensor entries (plus an optional ``__metadata__``) whose data offsets fit the file.
-    """
-    size = path.stat().st_size
-    if size == 0:
-        raise ValueError("is empty")
-    with open(path, "rb") as handle:
-        prefix = handle.read(8)
-        if len(prefix) < 8:
-            raise ValueError(f"is {size} bytes, too short for a safetensors header")
-        (header_len,) = struct.unpack("<Q", prefix)
-        if header_len == 0 or header_len > min(_SAFETENSORS_MAX_HEADER, size - 8):
-            raise ValueError(f"has a bad safetensors header length ({header_len})")
-        raw = handle.read(header_len)
+
+def safetensors_tensor_count(path: Path) -> int:
+    """Number of tensors in a safetensors file (files.py's reader checks its header against
+    its size); ValueError, worded to follow the file's name, when it is not one."""
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"has an unreadable safetensors header ({exc})") from exc
-    if not isinstance(header, dict):
-        raise ValueError("has a safetensors header that is not a JSON object")
-    data_size = size - 8 - header_len
-    tensors = 0
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(value, int) for value in offsets)
-            or not 0 <= offsets[0] <= offsets[1] <= data_size
-        ):
-            raise ValueError(f"has a bad safetensors entry for tensor {name!r}")
-        tensors += 1
-    if tensors == 0:
+        tensors = files.read_safetensors_header(path)
+    except files.SafetensorsError as exc:
+        if exc.tensor is not None:  # an entry, or the data it points at, is wrong
+            text = f"has a bad safetensors entry for tensor {exc.tensor!r}"
+        else:
+            text = _SAFETENSORS_WORDING[exc.kind]
+        raise ValueError(f"{text}: {exc.problem}") from exc
+    if not tensors:
         raise ValueError("holds no tensors")
-    return tensors
+    return len(tensors)
 
 
 def file_problems(directory: Path) -> list[str]:
@@ -250,9 +232,6 @@ def verify(out: Path) -> dict[str, Any]:
 # Metrics
 # --------------------------------------------------------------------------------------
 
-# CSI sequences (colours, cursor moves), OSC sequences (rich's terminal hyperlinks) and
-# other two-byte escapes.
-_ANSI = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 # A rich log record: "[time] LEVEL    message ... file.py:123"; the time is blank when it
 # repeats the previous record's.
 _RICH_RECORD = re.compile(r"^(?:\[[^\]]*\]\s+|\s+)?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+(?=\S)")
@@ -275,7 +254,7 @@ def log_records(text: str) -> list[str]:
     records: list[str] = []
     current: Optional[list[str]] = None
     column = 0
-    for raw in re.split(r"\r\n|\r|\n", _ANSI.sub("", text)):
+    for raw in re.split(r"\r\n|\r|\n", files.strip_ansi(text)):
         line = raw.rstrip()
         head = _RICH_RECORD.match(line)
         if head:
@@ -424,65 +403,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
-
-
-def exchange_paths(first: Path, second: Path) -> bool:
-    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE).
-
-    Returns False when the platform or file system cannot do it (the caller falls back to
-    two renames); raises OSError for other failures.
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_uint,
-    ]
-    renameat2.restype = ctypes.c_int
-    status = renameat2(
-        _AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE
-    )
-    if status != 0:
-        code = ctypes.get_errno()
-        if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
-            return False
-        raise OSError(code, os.strerror(code), str(second))
-    return True
-
-
-def replace_dir(new: Path, out: Path) -> None:
-    """Put the complete directory ``new`` at ``out``, replacing an existing ``out``.
-
-    ``new`` must be a sibling of ``out``. An existing ``out`` is swapped atomically where
-    possible; otherwise it is renamed aside, ``new`` renamed in, and the old one restored
-    if that fails. The old directory is deleted only after ``new`` is in place.
-    """
-    if not out.exists() and not out.is_symlink():
-        os.rename(new, out)
-        return
-    if exchange_paths(new, out):
-        shutil.rmtree(new)  # now holds the previous draft
-        return
-    # rename(2) may replace an empty directory: mkdtemp reserves a unique name.
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    os.rename(out, aside)
-    try:
-        os.rename(new, out)
-    except BaseException:
-        os.rename(aside, out)
-        raise
-    shutil.rmtree(aside)
-
-
 def _check_out_path(save_path: Path, checkpoint: Path, out: Path) -> None:
     save_r, ckpt_r, out_r = save_path.resolve(), checkpoint.resolve(), out.resolve()
     if out_r == save_r or out_r in save_r.parents:
@@ -544,7 +464,7 @@ def publish(
             os.umask(umask)
             os.chmod(staging, 0o777 & ~umask)  # mkdtemp creates 0700
             _fsync_dir(staging)
-            replace_dir(staging, out)
+            files.replace_dir(staging, out)
             _fsync_dir(out.parent)
     finally:
         if staging.exists():

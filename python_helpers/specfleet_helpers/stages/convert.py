@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import shutil
 import sys
 import time
@@ -62,6 +61,7 @@ from specfleet_helpers.checks.model_check import (
     read_safetensors_header,
     sha256_file,
 )
+from specfleet_helpers.files import replace_dir, write_json_atomic
 
 MODEL_TYPE = "dflash"
 CHECKSUMS = ".specfleet-checksums.json"
@@ -152,9 +152,7 @@ def record_checksums(out: Path) -> dict[str, str]:
     files = {
         p.name: sha256_file(p) for p in sorted(out.iterdir()) if p.is_file() and p.name != CHECKSUMS
     }
-    tmp = out / f".{CHECKSUMS}.tmp"
-    tmp.write_text(json.dumps({"files": files}, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, out / CHECKSUMS)
+    write_json_atomic(out / CHECKSUMS, {"files": files}, indent=1)
     return files
 
 
@@ -279,12 +277,7 @@ def _remove(path: Path) -> None:
 
 def publish(tmp: Path, out: Path) -> None:
     """Move a complete output from tmp to out, replacing an old out only now."""
-    old = out.with_name(f".{out.name}.old")
-    _remove(old)
-    if out.exists() or out.is_symlink():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    _remove(old)
+    replace_dir(tmp, out)
 
 
 def run(

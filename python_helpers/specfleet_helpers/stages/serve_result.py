@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
+
+from specfleet_helpers import files
 
 
 def last_json(path: Path) -> dict[str, Any]:
@@ -59,9 +60,7 @@ def combine(
         result["auth"] = last_json(auth)
     if spec is not None and plain is not None:
         result["lossless"] = lossless(last_json(spec), last_json(plain))
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(result, sort_keys=True, indent=1) + "\n")
-    os.replace(tmp, out)
+    files.write_json_atomic(out, result, indent=1)
     return result
 
 

@@ -23,10 +23,9 @@ server() {  # server start|wait|stop [ARGS...]
   "$PY" -m specfleet_helpers.host.vllm_server "$action" --name serve --run-dir "$RUN" "$@"
 }
 check() { "$PY" -m specfleet_helpers.checks.serve_check "$@" --url "$URL"; }
-trap 'server stop >/dev/null 2>&1 || true' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-server stop >/dev/null
+# The servers are this stage's: they run in the stage's process group, which the stage runner
+# ends when the script ends, fails, times out or is stopped. (Run by hand, a server a failed
+# run left behind is stopped by the next `server start` of the same name.)
 rm -rf "$WORK.tmp"
 mkdir -p "$WORK.tmp"
 

@@ -23,13 +23,9 @@ server() {  # server start|wait|watch|stop [ARGS...]
   shift
   "$PY" -m specfleet_helpers.host.vllm_server "$action" --name hidden_states --run-dir "$RUN" "$@"
 }
-# The server is this stage's: stopped on success, failure, timeout or interruption (within
-# the 10 s the stage supervisor gives the script before it kills the script's group).
-trap 'server stop --grace 5 >/dev/null 2>&1 || true' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-# A server left by an earlier, killed run of this stage (recorded in its own pid file) goes first.
-server stop >/dev/null
+# The server is this stage's: it runs in the stage's process group, which the stage runner
+# ends when the script ends, fails, times out or is stopped. (Run by hand, a server a failed
+# run left behind is stopped by the next `server start` of the same name.)
 rm -rf "$DUMP" "$OUT.tmp"
 mkdir -p "$DUMP"
 
