@@ -88,7 +88,6 @@ BUILD_TIMEOUT_S = 900
 CHECKOUT_WATCHED = (
     "ansible.cfg",
     "callback_plugins",
-    "group_vars",
     "playbooks",
     "python_helpers",
     "roles",
