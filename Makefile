@@ -19,8 +19,8 @@ check: setup  ## what a run would change, without changing it
 lint: setup
 	$(BIN)/ansible-lint
 	$(BIN)/yamllint -s .
-	$(BIN)/ruff check python_helpers tests callback_plugins molecule
-	$(BIN)/ruff format --check python_helpers tests callback_plugins molecule
+	$(BIN)/ruff check python_helpers tests callback_plugins plugins molecule
+	$(BIN)/ruff format --check python_helpers tests callback_plugins plugins molecule
 
 unit: setup
 	$(BIN)/python -m pytest tests/unit

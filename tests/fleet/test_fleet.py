@@ -8,7 +8,8 @@ the trained draft's weights deleted on a3-node1 and a serve API key set. Checked
 - the damaged host redid exactly train and serve, the others only serve (the key is one of
   its inputs); serve proved a request without the key is refused (HTTP 401);
 - the key is in no file of any host's work root and in no report;
-- per-group settings (specfleet_hardware_groups in roles/specfleet/defaults) landed on the hosts of that group, and no other;
+- per-group settings (specfleet_hardware_groups, roles/specfleet/defaults) landed on the hosts
+  of that group, and no other;
 - controller sources: models and wheels came from the controller;
 - each host is its own machine (hostname, filesystem).
 Run by `molecule test -s fleet` (verify), with the hosts of the scenario's inventory.

@@ -26,6 +26,11 @@ was expected; and the work root must not exist afterwards, which proves no host 
   memory share           serve_gpu_memory_utilization=1.5
   malformed data row     data_source=file with a JSONL file whose line 3 is not JSON (the
                          error names the file and the line)
+  no effect in the mode  a setting only another mode reads, refused naming the setting that
+                         would give it effect: data_input_file without data_source file; git
+                         ref without the git source; wheelhouse target without the wheelhouse
+                         source; container run arguments with the host runtime; local model
+                         paths without the local source; a ModelScope endpoint without it
 
 and good runs: --check with good settings on a fresh root passes every role's settings
 check (the stages are planned as "would run") and creates nothing; and 15 speculative tokens on
@@ -283,6 +288,63 @@ CASES = (
         ("data_source=file", f"data_input_file={MALFORMED_DATA}"),
         "data",
         ("data_input_file", f"{MALFORMED_DATA}:3: ", "Expected one JSON object per line"),
+    ),
+    # A setting with no effect in the chosen mode (today ignored: the run goes green without it).
+    Case(
+        "data-input-file-without-the-file-source",
+        (f"data_input_file={MALFORMED_DATA}",),
+        "data",
+        ("data_input_file is", 'data_source is "smoke"', "expected data_source: file"),
+    ),
+    Case(
+        "git-ref-without-the-git-source",
+        ("speculators_install_source=pypi", "speculators_install_git_ref=v0.8.0"),
+        "speculators_install",
+        (
+            "speculators_install_git_ref is set",
+            "speculators_install_source is pypi",
+            "expected speculators_install_source: git",
+        ),
+    ),
+    Case(
+        "wheelhouse-target-without-the-wheelhouse-source",
+        (as_json({"speculators_install_wheelhouse_target": {"python": "3.12"}}),),
+        "speculators_install",
+        (
+            "speculators_install_wheelhouse_target is set",
+            "speculators_install_source is auto (pypi on profile cpu)",
+            "expected speculators_install_source: wheelhouse",
+        ),
+    ),
+    Case(
+        "container-run-args-with-the-host-runtime",
+        ("specfleet_runtime=host", as_json({"npu_env_container_run_args": ["--runtime=runc"]})),
+        "npu_env",
+        (
+            "npu_env_container_run_args is set",
+            "specfleet_runtime is host",
+            "expected specfleet_runtime: container",
+        ),
+    ),
+    Case(
+        "local-model-path-without-the-local-source",
+        ("models_source=synthetic", "models_local_verifier_path=/srv/models/verifier"),
+        "models",
+        (
+            "models_local_verifier_path is set",
+            "models_source is synthetic",
+            "expected models_source: local",
+        ),
+    ),
+    Case(
+        "modelscope-endpoint-without-the-modelscope-source",
+        ("models_modelscope_endpoint=http://127.0.0.1:9",),
+        "models",
+        (
+            "models_modelscope_endpoint is set",
+            "models_source is auto (synthetic on profile cpu)",
+            "expected models_source: modelscope",
+        ),
     ),
 )
 

@@ -45,7 +45,9 @@ A3_BOARD = "a3_ascend910_9392_info_t_board_i0_c0_ABRIDGED.txt"
 SOC_910B4 = 224
 SOC_A3_9392 = 251
 IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0"
-PATHS = yaml.safe_load((HERE.parents[1] / "roles" / "specfleet" / "defaults" / "main.yml").read_text())
+PATHS = yaml.safe_load(
+    (HERE.parents[1] / "roles" / "specfleet" / "defaults" / "main.yml").read_text()
+)
 
 
 def wrapper_env(npu_host: MockNpuHost, *command: str) -> dict[str, str]:
