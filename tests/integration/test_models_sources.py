@@ -284,7 +284,7 @@ class ModelsHost:
             "models_source": "modelscope",
             "models_modelscope_endpoint": hub.url,
             "models_cache_dir": str(self.cache),
-            "models_verifier_id": VERIFIER_ID,
+            "specfleet_verifier_model_id": VERIFIER_ID,
             "models_draft_id": DRAFT_ID,
             "models_verifier_revision": "master",
             "models_draft_revision": "master",
