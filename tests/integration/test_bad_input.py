@@ -16,7 +16,8 @@ was expected; and the work root must not exist afterwards, which proves no host 
                          hidden_states_max_num_batched_tokens below the context (no chunked prefill)
   torchrun processes     train_nproc_per_node=2 with specfleet_npu_devices [0]
   unknown sources        models_source, speculators_install_source
-  ModelScope cache       models_cache_dir not absolute; specfleet_models_disk_required_gb < 0
+  ModelScope cache       specfleet_modelscope_cache not absolute;
+                         specfleet_models_disk_required_gb < 0
   wheelhouse target      speculators_install_wheelhouse_target with a python that is no version
   layer ids              hidden_states_target_layer_ids / train_target_layer_ids with an id
                          >= the synthetic verifier's layer count (known before any model exists)
@@ -200,10 +201,10 @@ CASES = (
     ),
     Case(
         "models-cache-dir-not-absolute",
-        ("models_source=modelscope", "models_cache_dir=relative/hub"),
+        ("models_source=modelscope", "specfleet_modelscope_cache=relative/hub"),
         "models",
         (
-            'models_cache_dir (specfleet_modelscope_cache) is "relative/hub"',
+            'specfleet_modelscope_cache is "relative/hub"',
             "expected the absolute path of the modelscope cache",
         ),
     ),
@@ -212,7 +213,7 @@ CASES = (
         (as_json({"specfleet_models_disk_required_gb": {"npu": 20, "cpu": -1}}),),
         "npu_env",
         (
-            "npu_env_models_disk_required_gb.cpu (specfleet_models_disk_required_gb.cpu) is -1",
+            "specfleet_models_disk_required_gb.cpu is -1",
             "expected GB >= 0",
         ),
     ),
@@ -273,7 +274,7 @@ CASES = (
         ("specfleet_npu_devices=0,1",),
         "npu_env",
         (
-            'specfleet_npu_devices (npu_env_devices) is "0,1"',
+            'specfleet_npu_devices is "0,1"',
             "expected all or a non-empty list of distinct device ids >= 0",
         ),
     ),

@@ -383,7 +383,7 @@ def test_device_not_on_the_host_stops_it_naming_the_variable(npu_host: MockNpuHo
     assert_stopped(
         npu_host,
         result,
-        "preflight npu devices: specfleet_npu_devices (npu_env_devices) is [0, 3]",
+        "preflight npu devices: specfleet_npu_devices is [0, 3]",
         "npu-smi lists no device 3",
         "expected all or ids among 0.",
     )
