@@ -8,7 +8,8 @@ the trained draft's weights deleted on a3-node1 and a serve API key set. Checked
 - the damaged host redid exactly train and serve, the others only serve (the key is one of
   its inputs); serve proved a request without the key is refused (HTTP 401);
 - the key is in no file of any host's work root and in no report;
-- per-group settings (group_vars/<group>.yml) landed on the hosts of that group, and no other;
+- per-group settings (specfleet_hardware_groups, roles/specfleet/defaults) landed on the hosts
+  of that group, and no other;
 - controller sources: models and wheels came from the controller;
 - each host is its own machine (hostname, filesystem).
 Run by `molecule test -s fleet` (verify), with the hosts of the scenario's inventory.
@@ -59,7 +60,10 @@ def by_host(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def group_vars(group: str) -> dict[str, Any]:
-    return yaml.safe_load((REPO / "group_vars" / f"{group}.yml").read_text())
+    """The group's entry of specfleet_hardware_groups, by the specfleet_* names hosts see."""
+    defaults = (REPO / "roles" / "specfleet" / "defaults" / "main.yml").read_text()
+    entry = yaml.safe_load(defaults)["specfleet_hardware_groups"][group]
+    return {"specfleet_hardware_family": group, **{f"specfleet_{k}": v for k, v in entry.items()}}
 
 
 def host_group(host) -> str:

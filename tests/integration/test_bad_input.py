@@ -16,7 +16,8 @@ was expected; and the work root must not exist afterwards, which proves no host 
                          hidden_states_max_num_batched_tokens below the context (no chunked prefill)
   torchrun processes     train_nproc_per_node=2 with specfleet_npu_devices [0]
   unknown sources        models_source, speculators_install_source
-  ModelScope cache       models_cache_dir not absolute; specfleet_models_disk_required_gb < 0
+  ModelScope cache       specfleet_modelscope_cache not absolute;
+                         specfleet_models_disk_required_gb < 0
   wheelhouse target      speculators_install_wheelhouse_target with a python that is no version
   layer ids              hidden_states_target_layer_ids / train_target_layer_ids with an id
                          >= the synthetic verifier's layer count (known before any model exists)
@@ -26,6 +27,11 @@ was expected; and the work root must not exist afterwards, which proves no host 
   memory share           serve_gpu_memory_utilization=1.5
   malformed data row     data_source=file with a JSONL file whose line 3 is not JSON (the
                          error names the file and the line)
+  no effect in the mode  a setting only another mode reads, refused naming the setting that
+                         would give it effect: data_input_file without data_source file; git
+                         ref without the git source; wheelhouse target without the wheelhouse
+                         source; container run arguments with the host runtime; local model
+                         paths without the local source; a ModelScope endpoint without it
 
 and good runs: --check with good settings on a fresh root passes every role's settings
 check (the stages are planned as "would run") and creates nothing; and 15 speculative tokens on
@@ -195,10 +201,10 @@ CASES = (
     ),
     Case(
         "models-cache-dir-not-absolute",
-        ("models_source=modelscope", "models_cache_dir=relative/hub"),
+        ("models_source=modelscope", "specfleet_modelscope_cache=relative/hub"),
         "models",
         (
-            'models_cache_dir (specfleet_modelscope_cache) is "relative/hub"',
+            'specfleet_modelscope_cache is "relative/hub"',
             "expected the absolute path of the modelscope cache",
         ),
     ),
@@ -207,7 +213,7 @@ CASES = (
         (as_json({"specfleet_models_disk_required_gb": {"npu": 20, "cpu": -1}}),),
         "npu_env",
         (
-            "npu_env_models_disk_required_gb.cpu (specfleet_models_disk_required_gb.cpu) is -1",
+            "specfleet_models_disk_required_gb.cpu is -1",
             "expected GB >= 0",
         ),
     ),
@@ -268,7 +274,7 @@ CASES = (
         ("specfleet_npu_devices=0,1",),
         "npu_env",
         (
-            'specfleet_npu_devices (npu_env_devices) is "0,1"',
+            'specfleet_npu_devices is "0,1"',
             "expected all or a non-empty list of distinct device ids >= 0",
         ),
     ),
@@ -283,6 +289,63 @@ CASES = (
         ("data_source=file", f"data_input_file={MALFORMED_DATA}"),
         "data",
         ("data_input_file", f"{MALFORMED_DATA}:3: ", "Expected one JSON object per line"),
+    ),
+    # A setting with no effect in the chosen mode (today ignored: the run goes green without it).
+    Case(
+        "data-input-file-without-the-file-source",
+        (f"data_input_file={MALFORMED_DATA}",),
+        "data",
+        ("data_input_file is", 'data_source is "smoke"', "expected data_source: file"),
+    ),
+    Case(
+        "git-ref-without-the-git-source",
+        ("speculators_install_source=pypi", "speculators_install_git_ref=v0.8.0"),
+        "speculators_install",
+        (
+            "speculators_install_git_ref is set",
+            "speculators_install_source is pypi",
+            "expected speculators_install_source: git",
+        ),
+    ),
+    Case(
+        "wheelhouse-target-without-the-wheelhouse-source",
+        (as_json({"speculators_install_wheelhouse_target": {"python": "3.12"}}),),
+        "speculators_install",
+        (
+            "speculators_install_wheelhouse_target is set",
+            "speculators_install_source is auto (pypi on profile cpu)",
+            "expected speculators_install_source: wheelhouse",
+        ),
+    ),
+    Case(
+        "container-run-args-with-the-host-runtime",
+        ("specfleet_runtime=host", as_json({"npu_env_container_run_args": ["--runtime=runc"]})),
+        "npu_env",
+        (
+            "npu_env_container_run_args is set",
+            "specfleet_runtime is host",
+            "expected specfleet_runtime: container",
+        ),
+    ),
+    Case(
+        "local-model-path-without-the-local-source",
+        ("models_source=synthetic", "models_local_verifier_path=/srv/models/verifier"),
+        "models",
+        (
+            "models_local_verifier_path is set",
+            "models_source is synthetic",
+            "expected models_source: local",
+        ),
+    ),
+    Case(
+        "modelscope-endpoint-without-the-modelscope-source",
+        ("models_modelscope_endpoint=http://127.0.0.1:9",),
+        "models",
+        (
+            "models_modelscope_endpoint is set",
+            "models_source is auto (synthetic on profile cpu)",
+            "expected models_source: modelscope",
+        ),
     ),
 )
 

@@ -323,6 +323,8 @@ STAGE_PLAY = """\
 - name: Run one stage through the stage role, as every stage does
   hosts: localhost
   gather_facts: false
+  roles:
+    - role: specfleet
   tasks:
     - name: Run the probe stage
       ansible.builtin.import_role:
@@ -354,9 +356,6 @@ def test_a_stage_run_by_the_stage_role_runs_inside_and_its_timeout_ends_it(
         "sleep 300\n"
     )
     playbook = host.tmp / "stage-play.yml"
-    # The second play reads the repo's group_vars the way playbooks/ does (beside the play).
-    if not (host.tmp / "group_vars").exists():
-        (host.tmp / "group_vars").symlink_to(REPO / "group_vars")
     playbook.write_text(STAGE_PLAY.format(provision=PLAYBOOK, template=template))
     _, stats, stdout = host.play(playbook=playbook, ok=False)
     assert stats["failures"].get(HOST), f"the stage must fail on its timeout: {stats}"

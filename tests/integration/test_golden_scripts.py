@@ -3,7 +3,8 @@
 tests/golden/render.yml renders them the way a run does: one real `ansible-playbook --check
 --diff` against tests/golden/inventory.yml (a2-node01 in atlas-a2, the runbook's one-card host
 on the host runtime; a3-node01 in atlas-a3; a950-node01 in ascend-950), with the repo's
-group_vars, the roles' defaults and settings checks, and each stage role's own task file, whose
+specfleet role (the fleet-wide defaults), the roles' defaults and settings checks, and each
+stage role's own task file, whose
 stage/run.yml "Template the stage script" task would write the script; --diff gives its
 content. Only what npu_env and the upstream stages would find on an NPU host is mocked (MOCK
 facts in render.yml and the inventory: there is no NPU here).
@@ -49,7 +50,7 @@ RUN_TIMEOUT_S = 600
 HOSTS = {"a2-node01": "atlas-a2", "a3-node01": "atlas-a3", "a950-node01": "ascend-950"}
 STAGES = ("convert", "data", "hidden_states", "train", "serve")
 TEMPLATE_TASK = re.compile(r"^(?:stage : )?Template the stage script: (\w+)$")
-_VERSIONS = yaml.safe_load((REPO / "group_vars" / "all" / "versions.yml").read_text())
+_VERSIONS = yaml.safe_load((REPO / "roles" / "specfleet" / "defaults" / "main.yml").read_text())
 # The image repository and release the groups' tag suffixes are added to.
 IMAGE = (
     f"{_VERSIONS['specfleet_vllm_ascend_image_repo']}:"

@@ -8,7 +8,7 @@ a tiny verifier and DFlash draft synthesized once per module as Qwen/Qwen3-8B an
 z-lab/Qwen3-8B-DFlash-b16.
 
   a. download: the play succeeds, the stamp's artifacts are where the runbook's own
-     `snapshot_download(id)` puts them (<models_cache_dir>/models/<org>/<name>), metrics
+     `snapshot_download(id)` puts them (<specfleet_modelscope_cache>/models/<org>/<name>), metrics
      recorded, the downloaded weights are byte-identical to the served ones
   b. the same again: changed=0 and not one request reaches the server
   c. the verifier's weights fail part-way on every attempt of the first play: the play fails
@@ -19,7 +19,7 @@ z-lab/Qwen3-8B-DFlash-b16.
   f. a host that followed the runbook (its `snapshot_download(id)`, no cache_dir, as root:
      ~/.cache/modelscope/hub/models/<org>/<name>, with modelscope's .msc/.mv/.mdl beside
      the files): not one file is requested again, and those directories are the models
-  g. a copy an older specfleet left at <models_cache_dir>/<org>/<name> (cache_dir= layout)
+  g. a copy an older specfleet left at <specfleet_modelscope_cache>/<org>/<name> (cache_dir= layout)
      is moved into the runbook's layout, not downloaded again
   h. the disk preflight measures the cache's filesystem: more space required for the models
      than it has stops the host before any request, naming the cache path and the variables;
@@ -88,7 +88,6 @@ BUILD_TIMEOUT_S = 900
 CHECKOUT_WATCHED = (
     "ansible.cfg",
     "callback_plugins",
-    "group_vars",
     "playbooks",
     "python_helpers",
     "roles",
@@ -284,8 +283,8 @@ class ModelsHost:
         return {
             "models_source": "modelscope",
             "models_modelscope_endpoint": hub.url,
-            "models_cache_dir": str(self.cache),
-            "models_verifier_id": VERIFIER_ID,
+            "specfleet_modelscope_cache": str(self.cache),
+            "specfleet_verifier_model_id": VERIFIER_ID,
             "models_draft_id": DRAFT_ID,
             "models_verifier_revision": "master",
             "models_draft_revision": "master",
@@ -545,7 +544,7 @@ def test_a_modelscope_download(
         assert all(r.status in (200, 206) and not r.cut_short for r in hub.downloads(model_id))
     kinds = {r.kind for r in hub.snapshot()}
     assert kinds == {"revisions", "files", "file"}, describe_requests(hub)
-    # The downloads went to models_cache_dir, not modelscope's default cache.
+    # The downloads went to specfleet_modelscope_cache, not modelscope's default cache.
     assert not shared_host.default_cache.exists()
     assert "running: no stamp from an earlier run" in play.plan()
 
@@ -803,7 +802,7 @@ def test_h_disk_preflight_measures_the_cache(
         for expected in (
             "preflight disk",
             str(host.cache),
-            "models_cache_dir",
+            "specfleet_modelscope_cache",
             "specfleet_modelscope_cache",
             "99999 GB",
             "specfleet_models_disk_required_gb.cpu",

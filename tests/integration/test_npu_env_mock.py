@@ -45,7 +45,9 @@ A3_BOARD = "a3_ascend910_9392_info_t_board_i0_c0_ABRIDGED.txt"
 SOC_910B4 = 224
 SOC_A3_9392 = 251
 IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0"
-PATHS = yaml.safe_load((HERE.parents[1] / "group_vars" / "all" / "paths.yml").read_text())
+PATHS = yaml.safe_load(
+    (HERE.parents[1] / "roles" / "specfleet" / "defaults" / "main.yml").read_text()
+)
 
 
 def wrapper_env(npu_host: MockNpuHost, *command: str) -> dict[str, str]:
@@ -381,7 +383,7 @@ def test_device_not_on_the_host_stops_it_naming_the_variable(npu_host: MockNpuHo
     assert_stopped(
         npu_host,
         result,
-        "preflight npu devices: specfleet_npu_devices (npu_env_devices) is [0, 3]",
+        "preflight npu devices: specfleet_npu_devices is [0, 3]",
         "npu-smi lists no device 3",
         "expected all or ids among 0.",
     )

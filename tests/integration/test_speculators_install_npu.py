@@ -56,12 +56,12 @@ SITE = REPO / "site.yml"
 MOCK_NPU_DIR = HERE / "mock_npu"
 NPU_SMI_FIXTURES = REPO / "tests" / "fixtures" / "npu-smi"
 ROLE_DEFAULTS = REPO / "roles" / "speculators_install" / "defaults" / "main.yml"
-VERSIONS = yaml.safe_load((REPO / "group_vars" / "all" / "versions.yml").read_text())
+VERSIONS = yaml.safe_load(ROLE_DEFAULTS.read_text())
 A2_IDLE = "a2_910b4_8npu_idle_25.0.rc1.1.txt"
 HOST = "localhost"
 STAGE = "speculators_install"
-SPECULATORS_VERSION = VERSIONS["specfleet_speculators_version"]
-MODELSCOPE_VERSION = VERSIONS["specfleet_modelscope_version"]
+SPECULATORS_VERSION = VERSIONS["speculators_install_version"]
+MODELSCOPE_VERSION = VERSIONS["speculators_install_modelscope_version"]
 # The conflict case resolves in about a minute; the install case downloads speculators'
 # dependencies. Other tests (molecule) may share the 2 cores: generous.
 CONFLICT_TIMEOUT_S = 15 * 60

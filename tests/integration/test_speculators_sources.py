@@ -96,7 +96,6 @@ def git(*args: str, cwd: Path | None = None) -> str:
 CHECKOUT_WATCHED = (
     "ansible.cfg",
     "callback_plugins",
-    "group_vars",
     "playbooks",
     "python_helpers",
     "roles",

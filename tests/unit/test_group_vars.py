@@ -1,4 +1,5 @@
-"""What the hardware group files (group_vars/<group>.yml) promise about the vllm-ascend image.
+"""What the hardware groups (specfleet_hardware_groups in roles/specfleet/defaults/main.yml)
+promise about the vllm-ascend image.
 
 The image tags are the ones v0.23.0's image build publishes (its
 schedule_image_build_and_push.yaml: plain for A2, -a3, -a5 for 950, each also -openeuler);
@@ -13,26 +14,29 @@ from pathlib import Path
 import pytest
 import yaml
 
-GROUP_VARS = Path(__file__).resolve().parents[2] / "group_vars"
+DEFAULTS = Path(__file__).resolve().parents[2] / "roles" / "specfleet" / "defaults" / "main.yml"
 PUBLISHED_SUFFIXES = {"atlas-a2": "", "atlas-a3": "-a3", "ascend-950": "-a5"}
 
 
+def groups() -> dict:
+    return yaml.safe_load(DEFAULTS.read_text())["specfleet_hardware_groups"]
+
+
 def group(name: str) -> dict:
-    return yaml.safe_load((GROUP_VARS / f"{name}.yml").read_text())
+    return groups()[name]
 
 
 def test_every_hardware_group_is_covered() -> None:
-    assert {p.stem for p in GROUP_VARS.glob("*.yml")} == set(PUBLISHED_SUFFIXES)
+    assert set(groups()) == set(PUBLISHED_SUFFIXES)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_SUFFIXES))
 def test_image_tag_suffix_is_one_the_image_build_publishes(name: str) -> None:
     settings = group(name)
-    assert settings["specfleet_hardware_family"] == name
-    assert settings["specfleet_image_tag_suffix"] == PUBLISHED_SUFFIXES[name]
+    assert settings["image_tag_suffix"] == PUBLISHED_SUFFIXES[name]
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_SUFFIXES))
 def test_speculative_tokens_within_vllm_ascend_limit(name: str) -> None:
-    tokens = group(name)["specfleet_num_speculative_tokens"]
+    tokens = group(name)["num_speculative_tokens"]
     assert 1 <= tokens <= 15
