@@ -221,7 +221,7 @@ class MockNpuHost:
 
     @property
     def cann_env_files(self) -> list[str]:
-        """As roles/specfleet/defaults/main.yml lists them: the image entrypoint's scripts and args."""
+        """As roles/specfleet/defaults/main.yml lists them: the entrypoint's scripts and args."""
         return [str(self.toolkit_env), str(self.ir_env), f"{self.atb_env} --cxx_abi=1"]
 
     @property
