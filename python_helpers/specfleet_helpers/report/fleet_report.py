@@ -37,6 +37,18 @@ PASSED, FAILED, SKIPPED, NOT_REACHED, UNREACHABLE = (
     "not reached",
     "unreachable",
 )
+# A stamp whose files or facts no longer verify (checks/stage_verify.py), one built from an
+# upstream run that has since been redone, one nothing could verify: none of them is passed.
+DAMAGED, STALE, UNVERIFIED = "damaged", "stale", "unverified"
+# The values the hosts ran with, read from the stamps' inputs: (setting, stage, keys...).
+EFFECTIVE_SETTINGS = (
+    ("num_speculative_tokens", "serve", "speculative_config", "num_speculative_tokens"),
+    ("serve_gpu_memory_utilization", "serve", "gpu_memory_utilization"),
+    ("serve_max_model_len", "serve", "max_model_len"),
+    ("train_epochs", "train", "epochs"),
+    ("data_seq_length", "data", "seq_length"),
+    ("target_layer_ids", "hidden_states", "target_layer_ids"),
+)
 VERSION_KEYS = ("vllm", "vllm-ascend", "torch", "torch_npu", "transformers")
 MAX_NAMES = 10  # hosts named in the verdict line before "and N more"
 
@@ -181,11 +193,21 @@ def validate(doc: Any) -> dict[str, Any]:
                 _opt(entry, key, rw, "str")
             _opt(entry, "duration_s", rw, "number")
             _opt(entry, "log_tail", rw, "list[str]")
+        verification = _opt(host, "verification", where, "dict")
+        for stage, result in (verification or {}).items():
+            _check(
+                isinstance(result, dict) and isinstance(result.get("status"), str),
+                f"{where}.verification.{stage}",
+                "an object with a status",
+                result,
+            )
         clean["hosts"][name] = {
             "groups": _opt(host, "groups", where, "list[str]", []),
+            "verification": verification,
             "reachable": host["reachable"],
             "wall_time_s": _opt(host, "wall_time_s", where, "number"),
             "settings": _opt(host, "settings", where, "dict", {}),
+            "verification_error": _opt(host, "verification_error", where, "str"),
             "state": state,
             "run": run,
         }
@@ -282,10 +304,23 @@ def _failure_is_newer(failure: dict[str, Any], stamp: Optional[dict[str, Any]]) 
 ENVIRONMENT_STAGE = "npu_env"
 
 
+def stale_upstream(stage: str, stamps: dict[str, Any]) -> Optional[str]:
+    """Why a stamp is stale: an upstream stage it was built from has another run id now."""
+    upstream = _get(stamps.get(stage), "inputs", "upstream")
+    if not isinstance(upstream, dict):
+        return None
+    for name, run_id in sorted(upstream.items()):
+        now = _get(stamps.get(name), "run_id")
+        if now is not None and now != run_id:
+            return f"built from {name} run {run_id}; {name} is now run {now}"
+    return None
+
+
 def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The status of every stage of one host, by the rules in docs/fleet-report.md."""
     state = host["state"] or {}
     stamps, failures = state.get("stamps", {}), state.get("failures", {})
+    verification = host.get("verification") or {}
     out: dict[str, dict[str, Any]] = {}
     first_failed: Optional[str] = None
     for stage in stages:
@@ -352,6 +387,17 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
                 rec.update(status=NOT_REACHED, detail=f"not run; {blocker[0]} is {blocker[1]}")
             else:
                 rec.update(status=SKIPPED, detail="not run")
+        if rec["status"] == PASSED and (entry is None or entry["status"] == "up_to_date"):
+            checked = verification.get(stage) or {}
+            if not checked and entry is None and host.get("verification_error"):
+                checked = {"status": UNVERIFIED, "problem": host["verification_error"]}
+            stale = stale_upstream(stage, stamps)
+            if checked.get("status") == DAMAGED:
+                rec.update(status=DAMAGED, detail=f"damaged: {checked.get('problem')}")
+            elif checked.get("status") == UNVERIFIED:
+                rec.update(status=UNVERIFIED, detail=f"unverified: {checked.get('problem')}")
+            elif stale:
+                rec.update(status=STALE, detail=f"stale: {stale}")
         if rec["status"] == FAILED and first_failed is None:
             first_failed = stage
         out[stage] = rec
@@ -538,6 +584,18 @@ def host_summary(host: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def effective_settings(host: dict[str, Any]) -> dict[str, Any]:
+    """The play's settings, with the values the stages ran with (their stamps' inputs) over
+    them: a stage run with `-e serve_num_speculative_tokens=3` shows 3, whatever the defaults."""
+    stamps = (host["state"] or {}).get("stamps", {})
+    out = dict(host["settings"])
+    for setting, stage, *keys in EFFECTIVE_SETTINGS:
+        value = _get(stamps.get(stage), "inputs", *keys)
+        if value is not None:
+            out[setting] = value
+    return out
+
+
 def not_green_reason(entry: dict[str, Any]) -> str:
     parts = []
     if entry["failed_stage"]:
@@ -545,8 +603,11 @@ def not_green_reason(entry: dict[str, Any]) -> str:
     elif not entry["reachable"]:
         parts.append("unreachable")
     else:
+        damaged = [s for s, r in entry["stages"].items() if r["status"] == DAMAGED]
+        for stage in damaged:
+            parts.append(f"{stage} damaged")
         for stage, rec in entry["stages"].items():
-            if rec["status"] != PASSED:
+            if rec["status"] != PASSED and not damaged:
                 word = "would run" if rec["detail"].startswith("would run") else rec["status"]
                 parts.append(f"{stage} {word}")
                 break
@@ -585,7 +646,7 @@ def build_report(
             "rerun": first.get("rerun"),
             "stages": statuses,
             "summary": host_summary(host),
-            "settings": host["settings"],
+            "settings": effective_settings(host),
             "artifact_tests": tests,
         }
         entry["not_green_reason"] = None if green else not_green_reason(entry)
@@ -753,10 +814,13 @@ def verdict(report: dict[str, Any]) -> str:
             continue
         name = md_text(h["name"])
         tests_failed = h["artifact_tests"].get("failed") or 0
+        damaged = [
+            md_text(s) + " damaged" for s, r in h["stages"].items() if r["status"] == DAMAGED
+        ]
         if not h["reachable"] and not h["failed_stage"]:
             unreachable.append(name)
-        elif h["failed_stage"] or tests_failed:
-            what = [md_text(h["failed_stage"])] if h["failed_stage"] else []
+        elif h["failed_stage"] or tests_failed or damaged:
+            what = ([md_text(h["failed_stage"])] if h["failed_stage"] else []) + damaged
             if tests_failed:
                 what.append(f"{tests_failed} artifact test{'s' if tests_failed != 1 else ''}")
             failed.append(f"{name}: {', '.join(what)}")
@@ -954,7 +1018,11 @@ def render_junit(
                     body += ["", f"re-run: {rec['rerun']}"]
                 failure = ET.SubElement(case, "failure", message=_xml(rec["detail"]))
                 failure.text = _xml("\n".join(body))
-            elif rec["status"] in (SKIPPED, NOT_REACHED):
+            elif rec["status"] == DAMAGED:
+                counts["failures"] += 1
+                failure = ET.SubElement(case, "failure", message=_xml(rec["detail"]))
+                failure.text = _xml(rec["detail"])
+            elif rec["status"] in (SKIPPED, NOT_REACHED, STALE, UNVERIFIED):
                 counts["skipped"] += 1
                 ET.SubElement(case, "skipped", message=_xml(f"{rec['status']}: {rec['detail']}"))
             elif rec["status"] == UNREACHABLE:
