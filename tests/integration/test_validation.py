@@ -2,7 +2,7 @@
 pipeline, runs every stage's verifier (checks/stage_verify.py, the code begin.yml runs for the
 skip decision) and turns the host red naming the stage, for each break a re-run would redo:
 
-  A. (one validate run, four stages) the verifier's chat_template edited (models), data's
+  A. (one validate run, four stages) the verifier's chat template edited (models), data's
      row count edited in its stamp (data), a hidden-states file truncated (hidden_states),
      the trained draft's model.safetensors emptied (train);
   B. (one validate run, two stages) a verifier shard deleted (models), a hidden-states file
@@ -184,11 +184,18 @@ def primed(pipeline: Pipeline) -> Pipeline:
 def test_a_four_breaks_red_then_redone(primed: Pipeline):
     stamps = primed.stamps()
     verifier = Path(stamps["models"]["artifacts"]["verifier"])
+    # transformers 5 saves the template beside tokenizer_config.json (chat_template.jinja);
+    # older tokenizers keep it in tokenizer_config.json's "chat_template".
     tok = verifier / "tokenizer_config.json"
     config = json.loads(tok.read_text())
-    assert "chat_template" in config, f"{tok} has no chat_template"
-    config["chat_template"] += "{# edited #}"
-    tok.write_text(json.dumps(config, indent=2))
+    if "chat_template" in config:
+        config["chat_template"] += "{# edited #}"
+        tok.write_text(json.dumps(config, indent=2))
+        template = tok
+    else:
+        template = verifier / "chat_template.jinja"
+        assert template.is_file(), f"no chat template in {verifier}"
+        template.write_text(template.read_text() + "{# edited #}")
 
     data = primed.state / "data.json"
     data_stamp = json.loads(data.read_text())
@@ -207,7 +214,7 @@ def test_a_four_breaks_red_then_redone(primed: Pipeline):
     assert_red(
         run,
         {
-            "models": "tokenizer_config.json changed",
+            "models": f"{template.name} changed",
             "data": "rows is",
             "hidden_states": f"{hs.name} has",
             "train": "model.safetensors has 0 bytes",

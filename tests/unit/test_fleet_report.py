@@ -208,7 +208,12 @@ def run(
 
 
 def fleet_json(out: Path) -> dict[str, Any]:
-    return json.loads((out / "fleet.json").read_text())
+    """fleet.json as written, which must follow the schema file's report definition."""
+    report = json.loads((out / "fleet.json").read_text())
+    assert fleet_report.schema_problem(report, "report") is None, fleet_report.schema_problem(
+        report, "report"
+    )
+    return report
 
 
 def statuses(report: dict[str, Any], name: str) -> list[str]:
@@ -734,3 +739,24 @@ def test_settings_show_the_values_the_stages_ran_with(tmp_path):
     assert settings["train_epochs"] == 2
     assert settings["profile"] == "cpu"
     assert "num_speculative_tokens `3`" in (out / "fleet.md").read_text()
+
+
+def test_the_schema_file_is_what_the_input_is_checked_against(tmp_path, capsys):
+    """docs/fleet-report.schema.json is a real schema (jsonschema checks it) and the one the
+    input is refused by: a stage name repeated, a verification result without a status."""
+    import jsonschema
+
+    schema = json.loads(fleet_report.SCHEMA_FILE.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert fleet_report.SCHEMA_FILE.name in (REPO_ROOT / "docs" / "fleet-report.md").read_text()
+
+    doc = green_fleet()
+    doc["stages"] = ["models", "models"]
+    result = run(tmp_path, doc, capsys=capsys)
+    assert result.rc == 2 and "stages: expected a list of distinct stage names" in result.err
+
+    doc = green_fleet()
+    doc["hosts"]["a2-node1"]["verification"] = {"train": {"problem": "x"}}
+    result = run(tmp_path, doc, capsys=capsys)
+    assert result.rc == 2
+    assert "hosts[\"a2-node1\"].verification.train: missing key 'status'" in result.err
