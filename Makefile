@@ -36,7 +36,7 @@ integration: setup  ## real Ansible runs: mock-NPU npu_env, git and wheelhouse s
 	$(BIN)/python -m pytest -n $(INTEGRATION_WORKERS) --dist loadfile tests/integration
 
 test-reliability: setup  ## slow: runs killed (SIGINT/SIGKILL), vLLM dying, corrupted artifacts, ports, disk, host lock, secrets, paths with spaces
-	SPECFLEET_SLOW_TESTS=1 $(BIN)/python -m pytest -s tests/integration/test_interruptions.py tests/integration/test_failures.py tests/integration/test_speculators_sources.py tests/integration/test_speculators_install_npu.py
+	SPECFLEET_SLOW_TESTS=1 $(BIN)/python -m pytest -s tests/integration/test_interruptions.py tests/integration/test_failures.py tests/integration/test_validation.py tests/integration/test_speculators_sources.py tests/integration/test_speculators_install_npu.py
 
 molecule: setup test-hosts-deps  ## three real hosts (atlas-a2, atlas-a3, ascend-950): converge, idempotence, a host broken on purpose, verify
 	$(BIN)/molecule test -s fleet

@@ -108,6 +108,24 @@ def test_no_server_left_running(host, root):
 PIPELINE = ["speculators_install", "models", "convert", "data", "hidden_states", "train", "serve"]
 
 
+def test_stamped_files_are_what_the_stages_published(host, root):
+    """The stages' own verifier (specfleet_helpers.checks.stage_verify, what the skip decision
+    and validate.yml run), in its files-only form: every file each stamp lists still has the
+    recorded size and checksum. The checkers' facts are the other tests' job here."""
+    helpers = f"{root}/lib/specfleet_helpers.zip"
+    result = host.run(
+        "PYTHONPATH=%s python3 -m specfleet_helpers.checks.stage_verify check-all"
+        " --files-only --state-dir=%s",
+        helpers,
+        f"{root}/state",
+    )
+    assert result.rc == 0, f"the stage verifier did not run: {result.stderr}"
+    checked = json.loads(result.stdout)
+    assert set(PIPELINE) <= set(checked), sorted(checked)
+    problems = {s: r["problem"] for s, r in checked.items() if r["status"] != "ok"}
+    assert not problems, problems
+
+
 def test_upstream_run_ids_match_the_upstream_stamps(stamp):
     """Each stamp names the runs of the stages it was built from; they must be the runs
     whose artifacts are on disk now, or a redone stage would not redo what follows it."""

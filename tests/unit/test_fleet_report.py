@@ -208,7 +208,12 @@ def run(
 
 
 def fleet_json(out: Path) -> dict[str, Any]:
-    return json.loads((out / "fleet.json").read_text())
+    """fleet.json as written, which must follow the schema file's report definition."""
+    report = json.loads((out / "fleet.json").read_text())
+    assert fleet_report.schema_problem(report, "report") is None, fleet_report.schema_problem(
+        report, "report"
+    )
+    return report
 
 
 def statuses(report: dict[str, Any], name: str) -> list[str]:
@@ -660,3 +665,98 @@ def test_controller_sources_fetched_once_pushed_to_each(tmp_path):
     assert sources["models"]["pushed_bytes"] == 3 * sources["models"]["fetched_bytes"]
     md = (result.out / "fleet.md").read_text()
     assert "fetched once on the controller" in md and "pushed to 3 host(s)" in md
+
+
+def test_validate_alone_reports_damaged_stages_by_the_verifier(tmp_path):
+    """validate.yml's stage verifier (checks/stage_verify.py) found broken artifacts: those
+    stages are damaged (naming the file), the host is red, junit fails them."""
+    h = host("atlas-a2", run={})
+    h["verification"] = {
+        s: {"status": "ok", "problem": None, "files": 3, "metrics": []} for s in STAGES[1:]
+    }
+    problem = "/srv/specfleet/hidden_states/hs_3.safetensors has 12 bytes, the stamp recorded 24"
+    h["verification"]["hidden_states"] = {"status": "damaged", "problem": problem}
+    h["verification"]["train"] = {"status": "damaged", "problem": "checker exited 1: no weights"}
+    out = run(tmp_path, document({"a2-1": h}, playbook="validate.yml")).out
+    report = fleet_json(out)
+    assert statuses(report, "a2-1") == ["passed"] * 5 + ["damaged", "damaged", "passed"]
+    entry = report["hosts"][0]
+    assert entry["stages"]["hidden_states"]["detail"] == f"damaged: {problem}"
+    assert entry["green"] is False and report["green"] is False
+    assert entry["failed_stage"] is None
+    assert entry["not_green_reason"] == "hidden_states damaged; train damaged"
+    md = (out / "fleet.md").read_text()
+    assert "**NOT GREEN**: 1 of 1 hosts failed (a2-1: hidden_states damaged, train damaged)" in md
+    assert "- hidden_states: damaged, damaged: /srv/specfleet/hidden_states/hs_3" in md
+    junit = ET.parse(out / "junit.xml").getroot()
+    assert junit.get("failures") == "2"
+
+
+def test_a_stage_built_from_an_older_upstream_run_is_stale(tmp_path):
+    """After `--tags train`: train ran again, serve's stamp still names the old train run."""
+    h = host("atlas-a2")
+    del h["run"]["serve"]
+    h["state"]["stamps"]["train"]["run_id"] = "newtrainrun00001"
+    h["state"]["stamps"]["serve"]["inputs"] = {
+        "upstream": {"models": "77bc5d943cff411e", "train": "77bc5d943cff411e"}
+    }
+    report = fleet_json(run(tmp_path, document({"a2-1": h})).out)
+    entry = report["hosts"][0]
+    assert entry["stages"]["serve"]["status"] == "stale"
+    assert entry["stages"]["serve"]["detail"] == (
+        "stale: built from train run 77bc5d943cff411e; train is now run newtrainrun00001"
+    )
+    assert entry["green"] is False and entry["not_green_reason"] == "serve stale"
+    # a stage that ran in this run is current whatever its stamp says
+    h["run"]["serve"] = {"status": "ran", "reason": "inputs changed: upstream"}
+    assert fleet_json(run(tmp_path, document({"a2-1": h})).out)["green"] is True
+
+
+def test_older_stamps_nothing_could_verify_are_not_passed(tmp_path):
+    h = host("atlas-a2", run={})
+    h["verification"] = {"models": {"status": "unverified", "problem": "no files listed"}}
+    entry = fleet_json(run(tmp_path, document({"a2-1": h})).out)["hosts"][0]
+    assert entry["stages"]["models"]["status"] == "unverified"
+    assert entry["green"] is False
+    # a verifier that did not run at all leaves every stage it would have checked unverified
+    h = host("atlas-a2", run={}, verification=None, verification_error="exit 1: no python")
+    entry = fleet_json(run(tmp_path, document({"a2-1": h})).out)["hosts"][0]
+    assert set(statuses({"stages": STAGES, "hosts": [entry]}, "a2-1")) == {"unverified"}
+
+
+def test_settings_show_the_values_the_stages_ran_with(tmp_path):
+    """-e serve_num_speculative_tokens=3 reached serve's stamp; the play's default says 5."""
+    h = host("atlas-a2")
+    h["state"]["stamps"]["serve"]["inputs"] = {
+        "speculative_config": {"method": "dflash", "num_speculative_tokens": 3},
+        "gpu_memory_utilization": 0.8,
+    }
+    h["state"]["stamps"]["train"]["inputs"] = {"epochs": 2}
+    out = run(tmp_path, document({"a2-1": h})).out
+    settings = fleet_json(out)["hosts"][0]["settings"]
+    assert settings["num_speculative_tokens"] == 3
+    assert settings["serve_gpu_memory_utilization"] == 0.8
+    assert settings["train_epochs"] == 2
+    assert settings["profile"] == "cpu"
+    assert "num_speculative_tokens `3`" in (out / "fleet.md").read_text()
+
+
+def test_the_schema_file_is_what_the_input_is_checked_against(tmp_path, capsys):
+    """docs/fleet-report.schema.json is a real schema (jsonschema checks it) and the one the
+    input is refused by: a stage name repeated, a verification result without a status."""
+    import jsonschema
+
+    schema = json.loads(fleet_report.SCHEMA_FILE.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert fleet_report.SCHEMA_FILE.name in (REPO_ROOT / "docs" / "fleet-report.md").read_text()
+
+    doc = green_fleet()
+    doc["stages"] = ["models", "models"]
+    result = run(tmp_path, doc, capsys=capsys)
+    assert result.rc == 2 and "stages: expected a list of distinct stage names" in result.err
+
+    doc = green_fleet()
+    doc["hosts"]["a2-node1"]["verification"] = {"train": {"problem": "x"}}
+    result = run(tmp_path, doc, capsys=capsys)
+    assert result.rc == 2
+    assert "hosts[\"a2-node1\"].verification.train: missing key 'status'" in result.err

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -37,6 +38,17 @@ def load(state_dir: Path) -> dict[str, Any]:
         if data is not None and data.get("stage") == path.stem:
             stamps[path.stem] = data
     return stamps
+
+
+def write(state_dir: Path, stamp: dict[str, Any]) -> Path:
+    """Replace `<stage>.json` at once (a temporary sibling renamed): a reader sees the old
+    stamp or the new one, never half of one. Same layout as finish.yml's to_nice_json."""
+    path = state_dir / f"{stamp['stage']}.json"
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(stamp, indent=4, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o640)
+    os.replace(tmp, path)
+    return path
 
 
 def load_failures(state_dir: Path) -> dict[str, Any]:

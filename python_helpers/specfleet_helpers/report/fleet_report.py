@@ -10,7 +10,8 @@ junit XML of the testinfra artifact suite is mapped to hosts and folded in.
 
 It never decides what to fail: it exits 0 whenever the files were written, green or not,
 and prints one JSON line for the play to act on. Malformed input exits 2 with a message
-naming the file and what was expected. Runs on the Ansible controller; standard library only.
+naming the file and what was expected (the input and the output are described by
+docs/fleet-report.schema.json, checked with jsonschema). Runs on the Ansible controller.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import jinja2
+import jsonschema
+
 SCHEMA = "specfleet.fleet/1"
+# Input and output, as JSON Schema: the checkout's docs/ (this runs on the controller).
+SCHEMA_FILE = Path(__file__).resolve().parents[3] / "docs" / "fleet-report.schema.json"
 FLEET_GROUPS = ("atlas-a2", "atlas-a3", "ascend-950")
 NO_GROUP = "ungrouped"
 RUN_STATUSES = ("ran", "up_to_date", "would_run", "failed")
@@ -36,6 +42,18 @@ PASSED, FAILED, SKIPPED, NOT_REACHED, UNREACHABLE = (
     "skipped",
     "not reached",
     "unreachable",
+)
+# A stamp whose files or facts no longer verify (checks/stage_verify.py), one built from an
+# upstream run that has since been redone, one nothing could verify: none of them is passed.
+DAMAGED, STALE, UNVERIFIED = "damaged", "stale", "unverified"
+# The values the hosts ran with, read from the stamps' inputs: (setting, stage, keys...).
+EFFECTIVE_SETTINGS = (
+    ("num_speculative_tokens", "serve", "speculative_config", "num_speculative_tokens"),
+    ("serve_gpu_memory_utilization", "serve", "gpu_memory_utilization"),
+    ("serve_max_model_len", "serve", "max_model_len"),
+    ("train_epochs", "train", "epochs"),
+    ("data_seq_length", "data", "seq_length"),
+    ("target_layer_ids", "hidden_states", "target_layer_ids"),
 )
 VERSION_KEYS = ("vllm", "vllm-ascend", "torch", "torch_npu", "transformers")
 MAX_NAMES = 10  # hosts named in the verdict line before "and N more"
@@ -72,123 +90,84 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check(ok: bool, where: str, expected: str, value: Any) -> None:
-    if not ok:
-        raise InputError(f"{where}: expected {expected}, got {_kind(value)}")
+def _schema(name: str) -> dict[str, Any]:
+    """One definition of the schema file (input, report), with the file's $defs for refs."""
+    try:
+        doc = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the schema {SCHEMA_FILE}: {exc}") from exc
+    return {**doc, "$ref": f"#/$defs/{name}"}
 
 
-def _opt(obj: dict[str, Any], key: str, where: str, kind: str, default: Any = None) -> Any:
-    """obj[key] checked against kind ("str", "bool", "number", "dict", "list[str]"); null or
-    absent gives default."""
+def _where(path: Any) -> str:
+    """An error's place in the document, as the messages have always named it:
+    hosts["a2-node1"].run.train.status"""
+    keys = list(path)
+    out = ""
+    for i, key in enumerate(keys):
+        if isinstance(key, int) or (i == 1 and keys[0] == "hosts"):
+            out += f"[{json.dumps(key)}]"
+        else:
+            out += ("." if out else "") + str(key)
+    return out
+
+
+def schema_problem(doc: Any, name: str) -> Optional[str]:
+    """The most relevant way `doc` breaks the schema's definition `name`, in one line, or None."""
+    validator = jsonschema.Draft202012Validator(_schema(name))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
+    if error is None:
+        return None
+    where = _where(error.absolute_path)
+    if error.validator == "required":
+        key = next(k for k in error.validator_value if k not in error.instance)
+        return f"{where}: missing key {key!r}" if where else f"missing top-level key {key!r}"
+    expected = error.schema.get("x-expected") if isinstance(error.schema, dict) else None
+    if expected is None:
+        return f"{where or 'top level'}: {error.message}"
+    return f"{where or 'top level'}: expected {expected}, got {_kind(error.instance)}"
+
+
+def _or(obj: dict[str, Any], key: str, default: Any = None) -> Any:
     value = obj.get(key)
-    if value is None:
-        return default
-    here = f"{where}.{key}" if where else key
-    if kind == "str":
-        _check(isinstance(value, str), here, "a string or null", value)
-    elif kind == "bool":
-        _check(isinstance(value, bool), here, "true or false", value)
-    elif kind == "number":
-        _check(_is_number(value), here, "a number or null", value)
-    elif kind == "dict":
-        _check(isinstance(value, dict), here, "an object or null", value)
-    elif kind == "list[str]":
-        _check(
-            isinstance(value, list) and all(isinstance(v, str) for v in value),
-            here,
-            "a list of strings or null",
-            value,
-        )
-    return value
-
-
-def _records(obj: dict[str, Any], key: str, where: str) -> dict[str, dict[str, Any]]:
-    """A {stage: object} mapping (stamps, failures, run)."""
-    value = _opt(obj, key, where, "dict", {})
-    for stage, record in value.items():
-        _check(isinstance(record, dict), f"{where}.{key}.{stage}", "an object", record)
-    return value
+    return default if value is None else value
 
 
 def validate(doc: Any) -> dict[str, Any]:
-    """Check the shape of the collected document and fill optional fields with defaults.
-    Raises InputError naming the offending field."""
-    _check(isinstance(doc, dict), "top level", "an object", doc)
-    for key in ("report_id", "stages", "hosts"):
-        if key not in doc:
-            raise InputError(f"missing top-level key {key!r}")
-    _check(isinstance(doc["report_id"], str), "report_id", "a string", doc["report_id"])
-    stages = doc["stages"]
-    _check(
-        isinstance(stages, list) and all(isinstance(s, str) and s for s in stages),
-        "stages",
-        "a list of stage names",
-        stages,
-    )
-    if len(set(stages)) != len(stages):
-        raise InputError(f"stages: expected distinct stage names, got {stages}")
-    _check(
-        isinstance(doc["hosts"], dict), "hosts", "an object {inventory name: host}", doc["hosts"]
-    )
+    """Check the collected document against the schema file (docs/fleet-report.schema.json)
+    and fill optional fields with defaults. Raises InputError naming the offending field."""
+    problem = schema_problem(doc, "input")
+    if problem:
+        raise InputError(problem)
     clean: dict[str, Any] = {
         "report_id": doc["report_id"],
-        "generated": _opt(doc, "generated", "", "str"),
-        "playbook": _opt(doc, "playbook", "", "str"),
-        "check_mode": _opt(doc, "check_mode", "", "bool", False),
-        "limit": _opt(doc, "limit", "", "str"),
-        "tags": _opt(doc, "tags", "", "list[str]", []),
-        "stages": stages,
+        "generated": doc.get("generated"),
+        "playbook": doc.get("playbook"),
+        "check_mode": _or(doc, "check_mode", False),
+        "limit": doc.get("limit"),
+        "tags": _or(doc, "tags", []),
+        "stages": doc["stages"],
         "hosts": {},
     }
     for name, host in doc["hosts"].items():
-        where = f"hosts[{json.dumps(name)}]"
-        _check(isinstance(host, dict), where, "an object", host)
-        if "reachable" not in host:
-            raise InputError(f"{where}: missing key 'reachable'")
-        _check(
-            isinstance(host["reachable"], bool),
-            f"{where}.reachable",
-            "true or false",
-            host["reachable"],
-        )
-        state = _opt(host, "state", where, "dict")
+        state = host.get("state")
         if state is not None:
-            sw = f"{where}.state"
-            stamps = _records(state, "stamps", sw)
-            for stage, stamp in stamps.items():
-                _opt(stamp, "ended", f"{sw}.stamps.{stage}", "str")
-                _opt(stamp, "duration_s", f"{sw}.stamps.{stage}", "number")
-            failures = _records(state, "failures", sw)
-            for stage, failure in failures.items():
-                fw = f"{sw}.failures.{stage}"
-                for key in ("time", "error", "log", "rerun"):
-                    _opt(failure, key, fw, "str")
-                _opt(failure, "log_tail", fw, "list[str]")
             state = {
-                "stamps": stamps,
-                "failures": failures,
-                "environment": _opt(state, "environment", sw, "dict", {}),
-                "versions": _opt(state, "versions", sw, "dict", {}),
+                "stamps": _or(state, "stamps", {}),
+                "failures": _or(state, "failures", {}),
+                "environment": _or(state, "environment", {}),
+                "versions": _or(state, "versions", {}),
             }
-        run = _records(host, "run", where)
-        for stage, entry in run.items():
-            rw = f"{where}.run.{stage}"
-            status = entry.get("status")
-            _check(
-                status in RUN_STATUSES, f"{rw}.status", f"one of {', '.join(RUN_STATUSES)}", status
-            )
-            for key in ("reason", "error", "log", "rerun"):
-                _opt(entry, key, rw, "str")
-            _opt(entry, "duration_s", rw, "number")
-            _opt(entry, "log_tail", rw, "list[str]")
         clean["hosts"][name] = {
-            "groups": _opt(host, "groups", where, "list[str]", []),
+            "groups": _or(host, "groups", []),
+            "verification": host.get("verification"),
             "reachable": host["reachable"],
-            "wall_time_s": _opt(host, "wall_time_s", where, "number"),
-            "settings": _opt(host, "settings", where, "dict", {}),
+            "wall_time_s": host.get("wall_time_s"),
+            "settings": _or(host, "settings", {}),
+            "verification_error": host.get("verification_error"),
             "state": state,
-            "run": run,
-            "unreachable_error": _opt(host, "unreachable_error", where, "str"),
+            "run": _or(host, "run", {}),
+            "unreachable_error": host.get("unreachable_error"),
         }
     return clean
 
@@ -207,7 +186,7 @@ def load_input(path: Path) -> dict[str, Any]:
     try:
         return validate(doc)
     except InputError as exc:
-        raise InputError(f"{path}: {exc} (schema: docs/fleet-report.md)") from exc
+        raise InputError(f"{path}: {exc} (schema: docs/{SCHEMA_FILE.name})") from exc
 
 
 # --- small helpers ------------------------------------------------------------------------
@@ -283,10 +262,23 @@ def _failure_is_newer(failure: dict[str, Any], stamp: Optional[dict[str, Any]]) 
 ENVIRONMENT_STAGE = "npu_env"
 
 
+def stale_upstream(stage: str, stamps: dict[str, Any]) -> Optional[str]:
+    """Why a stamp is stale: an upstream stage it was built from has another run id now."""
+    upstream = _get(stamps.get(stage), "inputs", "upstream")
+    if not isinstance(upstream, dict):
+        return None
+    for name, run_id in sorted(upstream.items()):
+        now = _get(stamps.get(name), "run_id")
+        if now is not None and now != run_id:
+            return f"built from {name} run {run_id}; {name} is now run {now}"
+    return None
+
+
 def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The status of every stage of one host, by the rules in docs/fleet-report.md."""
     state = host["state"] or {}
     stamps, failures = state.get("stamps", {}), state.get("failures", {})
+    verification = host.get("verification") or {}
     out: dict[str, dict[str, Any]] = {}
     first_failed: Optional[str] = None
     for stage in stages:
@@ -356,6 +348,17 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
                 rec.update(status=NOT_REACHED, detail=f"not run; {blocker[0]} is {blocker[1]}")
             else:
                 rec.update(status=SKIPPED, detail="not run")
+        if rec["status"] == PASSED and (entry is None or entry["status"] == "up_to_date"):
+            checked = verification.get(stage) or {}
+            if not checked and entry is None and host.get("verification_error"):
+                checked = {"status": UNVERIFIED, "problem": host["verification_error"]}
+            stale = stale_upstream(stage, stamps)
+            if checked.get("status") == DAMAGED:
+                rec.update(status=DAMAGED, detail=f"damaged: {checked.get('problem')}")
+            elif checked.get("status") == UNVERIFIED:
+                rec.update(status=UNVERIFIED, detail=f"unverified: {checked.get('problem')}")
+            elif stale:
+                rec.update(status=STALE, detail=f"stale: {stale}")
         if rec["status"] == FAILED and first_failed is None:
             first_failed = stage
         out[stage] = rec
@@ -542,6 +545,18 @@ def host_summary(host: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def effective_settings(host: dict[str, Any]) -> dict[str, Any]:
+    """The play's settings, with the values the stages ran with (their stamps' inputs) over
+    them: a stage run with `-e serve_num_speculative_tokens=3` shows 3, whatever the defaults."""
+    stamps = (host["state"] or {}).get("stamps", {})
+    out = dict(host["settings"])
+    for setting, stage, *keys in EFFECTIVE_SETTINGS:
+        value = _get(stamps.get(stage), "inputs", *keys)
+        if value is not None:
+            out[setting] = value
+    return out
+
+
 def not_green_reason(entry: dict[str, Any]) -> str:
     parts = []
     if entry["failed_stage"]:
@@ -549,8 +564,11 @@ def not_green_reason(entry: dict[str, Any]) -> str:
     elif not entry["reachable"]:
         parts.append("unreachable")
     else:
+        damaged = [s for s, r in entry["stages"].items() if r["status"] == DAMAGED]
+        for stage in damaged:
+            parts.append(f"{stage} damaged")
         for stage, rec in entry["stages"].items():
-            if rec["status"] != PASSED:
+            if rec["status"] != PASSED and not damaged:
                 word = "would run" if rec["detail"].startswith("would run") else rec["status"]
                 parts.append(f"{stage} {word}")
                 break
@@ -590,7 +608,7 @@ def build_report(
             "rerun": first.get("rerun"),
             "stages": statuses,
             "summary": host_summary(host),
-            "settings": host["settings"],
+            "settings": effective_settings(host),
             "artifact_tests": tests,
         }
         entry["not_green_reason"] = None if green else not_green_reason(entry)
@@ -758,10 +776,13 @@ def verdict(report: dict[str, Any]) -> str:
             continue
         name = md_text(h["name"])
         tests_failed = h["artifact_tests"].get("failed") or 0
+        damaged = [
+            md_text(s) + " damaged" for s, r in h["stages"].items() if r["status"] == DAMAGED
+        ]
         if not h["reachable"] and not h["failed_stage"]:
             unreachable.append(name)
-        elif h["failed_stage"] or tests_failed:
-            what = [md_text(h["failed_stage"])] if h["failed_stage"] else []
+        elif h["failed_stage"] or tests_failed or damaged:
+            what = ([md_text(h["failed_stage"])] if h["failed_stage"] else []) + damaged
             if tests_failed:
                 what.append(f"{tests_failed} artifact test{'s' if tests_failed != 1 else ''}")
             failed.append(f"{name}: {', '.join(what)}")
@@ -780,33 +801,8 @@ def verdict(report: dict[str, Any]) -> str:
     return f"**NOT GREEN**: {prefix}{'; '.join(parts)}"
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    stages = report["stages"]
-    tags = ", ".join(report["tags"])
-    out = [
-        f"# specfleet fleet report {md_text(report['report_id'])}",
-        "",
-        f"Generated {md_text(report['generated'] or '-')}; playbook "
-        f"{md_code(report['playbook']) if report['playbook'] else '-'}; limit "
-        f"{md_code(report['limit']) if report['limit'] else 'none'}; tags "
-        f"{md_code(tags) if report['tags'] else '-'}; check mode "
-        f"{'yes' if report['check_mode'] else 'no'}.",
-        "",
-        verdict(report),
-        "",
-    ]
-    header = ["Host", "Group", *[md_text(s) for s in stages], "Artifacts", "Wall time"]
-    out.append("| " + " | ".join(header) + " |")
-    out.append("|" + "|".join("---" for _ in header) + "|")
-    for h in report["hosts"]:
-        cells = [
-            md_text(h["name"]),
-            md_text(h["group"] or "-"),
-            *[stage_cell(h["stages"][s]) for s in stages],
-            artifact_cell(h["artifact_tests"]),
-            fmt_seconds(h["wall_time_s"]),
-        ]
-        out.append("| " + " | ".join(cells) + " |")
+def source_lines(report: dict[str, Any]) -> list[str]:
+    """What the controller fetched once and pushed, one markdown list item per source."""
     sources = report.get("controller_sources") or {}
     lines = []
     for kind, label in (("wheelhouse", "Wheelhouse"), ("models", "Models")):
@@ -817,111 +813,49 @@ def render_markdown(report: dict[str, Any]) -> str:
                 f"{fmt_bytes(src['pushed_bytes'])} pushed to {len(src['hosts'])} host(s) "
                 f"({md_text(', '.join(src['hosts']))}), when their stage last ran"
             )
-    if lines:
-        out += ["", "Controller sources:", "", *lines]
-    for h in report["hosts"]:
-        out += ["", *host_section(h, stages)]
-    return "\n".join(out) + "\n"
+    return lines
 
 
-def host_section(h: dict[str, Any], stages: list[str]) -> list[str]:
-    title = md_text(h["name"]) + (f" ({md_text(h['group'])})" if h["group"] else "")
-    out = [f"## {title}", ""]
-    if not h["reachable"]:
-        why = (
-            f": {md_code(_clean_text(h['error']).strip())}"
-            if h["error"] and not h["failed_stage"]
-            else "."
-        )
-        out += [f"Host **unreachable**{why}", ""]
-    if h["failed_stage"]:
-        rec = h["stages"][h["failed_stage"]]
-        out.append(f"- **Failed stage:** {md_text(h['failed_stage'])} ({md_text(rec['detail'])})")
-        error = _clean_text(h["error"] or "")
-        if "\n" in error.strip():
-            out += [
-                "- **Error:**",
-                "",
-                *["  " + line for line in md_block(error.strip().splitlines())],
-            ]
-        else:
-            out.append(f"- **Error:** {md_code(error.strip() or '-')}")
-        out.append(f"- **Re-run:** {md_code(h['rerun']) if h['rerun'] else '-'}")
-        if rec["log"]:
-            out.append(f"- **Log:** {md_code(rec['log'])}")
-        out.append("")
-        if h["log_tail"]:
-            out += ["Log tail:", "", *md_block(h["log_tail"]), ""]
-    other = [
+def _fmt(spec: str, scale: float = 1, suffix: str = "") -> Callable[[Any], str]:
+    return lambda v: f"{v * scale:{spec}}{suffix}" if _is_number(v) else "-"
+
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+MARKDOWN = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(TEMPLATES),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    autoescape=False,  # markdown, escaped by md_text and md_code
+)
+MARKDOWN.filters.update(
+    md_text=md_text,
+    md_code=md_code,
+    md_block=md_block,
+    clean_text=_clean_text,
+    fmt_seconds=fmt_seconds,
+    fmt_num=fmt_num,
+    fmt_bytes=fmt_bytes,
+    fmt_loss=_fmt(".4g"),
+    fmt_percent=_fmt(".1f", 100, "%"),
+    fmt_fixed2=_fmt(".2f"),
+    fmt_lossless=lambda v: {True: "passed", False: "**FAILED**", None: "-"}.get(v, "-"),
+    any_number=lambda values: any(_is_number(v) for v in values),
+    tojson_compact=json.dumps,
+    stage_cell=stage_cell,
+    artifact_cell=artifact_cell,
+    not_passed=lambda h: [
         (s, r) for s, r in h["stages"].items() if r["status"] not in (PASSED, FAILED, UNREACHABLE)
-    ]
-    if other:
-        out.append("Stages not passed:")
-        out += [f"- {md_text(s)}: {r['status']}, {md_text(r['detail'])}" for s, r in other]
-        out.append("")
-    # each list follows a paragraph, so that adjacent lists never merge into one
-    out.append("Stack and results:" if h["state_collected"] else "No state was read from the host.")
-    out.append("")
-    s = h["summary"]
-    v = s["versions"]
-    versions = ", ".join(f"{md_text(k)} {md_code(v[k]) if v[k] else '-'}" for k in v)
-    sources = []
-    for kind in ("speculators", "models"):
-        text = f"{kind} {md_text(s['sources'][kind] or '-')}"
-        if kind == "speculators" and s["wheelhouse"]:
-            wheels = s["wheelhouse"]
-            text += (
-                f" (wheelhouse: {fmt_num(wheels['wheels'])} wheels, {fmt_bytes(wheels['bytes'])})"
-            )
-        if kind == "models" and any(_is_number(b) for b in s["model_bytes"].values()):
-            mb = s["model_bytes"]
-            text += f" (verifier {fmt_bytes(mb['verifier'])}, draft {fmt_bytes(mb['draft'])})"
-        sources.append(text)
-    rate = s["acceptance_rate"]
-    loss = s["val_loss"]
-    mean = s["mean_acceptance_length"]
-    smoke = s["smoke"]
-    if smoke["content"] is None:
-        smoke_text = "-"
-    else:
-        smoke_text = (
-            f"{md_code(smoke['content'])} ({fmt_num(smoke['completion_tokens'])} tokens, "
-            f"finish reason {md_text(smoke['finish_reason'] or '-')})"
-        )
-    lossless = {True: "passed", False: "**FAILED**", None: "-"}.get(s["lossless"], "-")
-    results = [
-        f"- Profile: {md_text(s['profile'] or '-')}",
-        f"- Devices: {md_text(s['devices'] or '-')}",
-        f"- Versions: {versions}",
-        f"- Sources: {'; '.join(sources)}",
-        f"- Dataset rows: {fmt_num(s['dataset_rows'])}",
-        f"- Hidden-state files: {fmt_num(s['hidden_state_files'])}",
-        f"- Val loss: {f'{loss:.4g}' if _is_number(loss) else '-'}",
-        f"- Acceptance rate: {f'{rate * 100:.1f}%' if _is_number(rate) else '-'}",
-        f"- Mean acceptance length: {f'{mean:.2f}' if _is_number(mean) else '-'}",
-        f"- Drafts: {fmt_num(s['num_drafts'])} ({fmt_num(s['num_draft_tokens'])} draft tokens, "
-        f"{fmt_num(s['num_accepted_tokens'])} accepted)",
-        f"- Smoke completion: {smoke_text}",
-        f"- Lossless check: {lossless}",
-    ]
-    if h["state_collected"]:
-        out += results
-    settings = h["settings"]
-    if settings:
-        shown = ", ".join(
-            f"{md_text(k)} {md_code(v if isinstance(v, str) else json.dumps(v))}"
-            for k, v in settings.items()
-        )
-        out.append(f"- Settings: {shown}")
-    else:
-        out.append("- Settings: -")
-    tests = h["artifact_tests"]
-    if tests.get("failures"):
-        out += ["", "Failed artifact tests:"]
-        out += [
-            f"- {md_code(f['test'])}: {md_text(f['message'] or '-')}" for f in tests["failures"]
-        ]
-    return out
+    ],
+)
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """fleet.md, from templates/fleet.md.j2."""
+    return MARKDOWN.get_template("fleet.md.j2").render(
+        r=report, verdict=verdict(report), sources=source_lines(report)
+    )
 
 
 # --- junit --------------------------------------------------------------------------------
@@ -964,7 +898,11 @@ def render_junit(
                     body += ["", f"re-run: {rec['rerun']}"]
                 failure = ET.SubElement(case, "failure", message=_xml(rec["detail"]))
                 failure.text = _xml("\n".join(body))
-            elif rec["status"] in (SKIPPED, NOT_REACHED):
+            elif rec["status"] == DAMAGED:
+                counts["failures"] += 1
+                failure = ET.SubElement(case, "failure", message=_xml(rec["detail"]))
+                failure.text = _xml(rec["detail"])
+            elif rec["status"] in (SKIPPED, NOT_REACHED, STALE, UNVERIFIED):
                 counts["skipped"] += 1
                 ET.SubElement(case, "skipped", message=_xml(f"{rec['status']}: {rec['detail']}"))
             elif rec["status"] == UNREACHABLE:

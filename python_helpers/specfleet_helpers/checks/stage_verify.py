@@ -1,0 +1,330 @@
+"""The one verifier of a stage's published artifacts, from its stamp alone.
+
+A stamp (`<state>/<stage>.json`, written by roles/stage/tasks/finish.yml) lists what the stage
+published (`manifest`: every file with its size, and its sha256 up to HASH_LIMIT_BYTES) and the
+stage's own checker (`verify_argv`). Verifying a stage:
+
+  1. every listed file is still there with the recorded size (and checksum where recorded);
+  2. the checker runs again on the artifacts; the facts it re-reads (rows, counts, shapes:
+     every key it prints except timings) must equal the stamp's metrics.
+
+The skip decision (roles/stage/tasks/begin.yml), playbooks/validate.yml and the testinfra
+suite all run this module, so validation finds exactly what a re-run would redo.
+
+Stamps written before manifests existed (specfleet_stamp_version 1 without `manifest`) are
+verified by the checker alone; with --record-missing (begin.yml) a passing check writes the
+manifest and the checker into the stamp, so later validations check the files too. Without a
+checker either, such a stamp is `unverified`, which the report does not count as passed.
+
+    python -m specfleet_helpers.checks.stage_verify manifest PATH...
+    python -m specfleet_helpers.checks.stage_verify check --state-dir D --stage S
+    python -m specfleet_helpers.checks.stage_verify check-all --state-dir D [--skip S,...]
+        [--files-only]
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from specfleet_helpers.host import stamps
+
+# Files up to this size are checksummed. Bigger ones (a verifier's multi-GB shards, long rows'
+# hidden states on NPU) are checked by size only: hashing them at every skip decision and every
+# validation would cost minutes per host, and a truncated or missing shard changes the size.
+# No mtime either: copies and restores (rsync, the controller models source) change it without
+# changing a byte, and a false "damaged" would redo a multi-GB download.
+HASH_LIMIT_BYTES = 64 * 1024 * 1024
+MANIFEST_VERSION = 1
+CHECKER_TIMEOUT_S = 900
+# Metrics that are not facts of the files: how long something took, when it happened.
+TIMING_KEY = re.compile(r"(^|_)(s|ms|seconds|time|elapsed|duration|started|ended|at)$")
+
+OK, DAMAGED, UNVERIFIED, MISSING = "ok", "damaged", "unverified", "missing"
+
+
+class VerifyError(Exception):
+    """An artifact does not match its stamp; the message names what and how. `output` is a
+    failed checker's own output (begin.yml shows it as the reason, as it always did)."""
+
+    output: Optional[str] = None
+
+
+# --- the manifest ---------------------------------------------------------------------------
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _file_entry(path: Path) -> dict[str, Any]:
+    size = path.stat().st_size
+    entry: dict[str, Any] = {"size": size}
+    if size <= HASH_LIMIT_BYTES:
+        entry["sha256"] = sha256_of(path)
+    return entry
+
+
+def manifest(paths: list[Path]) -> dict[str, Any]:
+    """What the artifact paths (files or directories) hold now. Symlinks are recorded as links
+    (a checkpoint's `checkpoint_best` names an epoch directory listed on its own)."""
+    files: dict[str, Any] = {}
+    links: dict[str, str] = {}
+
+    def add(path: Path) -> None:
+        if path.is_symlink():
+            links[str(path)] = os.readlink(path)
+        elif path.is_file():
+            files[str(path)] = _file_entry(path)
+
+    for top in paths:
+        if top.is_dir() and not top.is_symlink():
+            for dirpath, dirnames, filenames in os.walk(top):
+                dirnames.sort()
+                for name in sorted(filenames) + [
+                    d for d in dirnames if (Path(dirpath) / d).is_symlink()
+                ]:
+                    add(Path(dirpath) / name)
+        elif top.is_symlink() or top.exists():
+            add(top)
+        else:
+            raise VerifyError(f"artifact {top} does not exist")
+    return {
+        "version": MANIFEST_VERSION,
+        "hash_limit_bytes": HASH_LIMIT_BYTES,
+        "files": files,
+        "links": links,
+    }
+
+
+def check_manifest(recorded: dict[str, Any]) -> int:
+    """Raise VerifyError naming the first file that differs from the manifest; return the
+    number of files checked."""
+    for name, target in sorted(recorded.get("links", {}).items()):
+        path = Path(name)
+        if not path.is_symlink():
+            raise VerifyError(f"{name} is missing (the stamp lists a link to {target})")
+        if os.readlink(path) != target:
+            raise VerifyError(f"{name} links to {os.readlink(path)}, the stamp recorded {target}")
+    files = recorded.get("files", {})
+    for name, entry in sorted(files.items()):
+        path = Path(name)
+        if not path.is_file():
+            raise VerifyError(f"{name} is missing (the stamp lists {entry['size']} bytes)")
+        size = path.stat().st_size
+        if size != entry["size"]:
+            raise VerifyError(f"{name} has {size} bytes, the stamp recorded {entry['size']}")
+        if "sha256" in entry and sha256_of(path) != entry["sha256"]:
+            raise VerifyError(f"{name} changed: its sha256 differs from the stamp's")
+    return len(files)
+
+
+# --- the checker ----------------------------------------------------------------------------
+
+
+def _last_json(stdout: str) -> Optional[dict[str, Any]]:
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    try:
+        data = json.loads(lines[-1])
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def compare_metrics(fresh: dict[str, Any], recorded: dict[str, Any], where: str = "") -> list[str]:
+    """Keys (dotted) whose re-read value differs from the stamp's; timings are skipped, and so
+    are keys the stamp does not have (a newer checker may print more)."""
+    differ = []
+    for key, value in sorted(fresh.items()):
+        name = f"{where}{key}"
+        if TIMING_KEY.search(key) or key not in recorded:
+            continue
+        old = recorded[key]
+        if isinstance(value, dict) and isinstance(old, dict):
+            differ += compare_metrics(value, old, name + ".")
+        elif value != old and not (_is_num(value) and _is_num(old) and float(value) == float(old)):
+            differ.append(
+                f"{name} is {json.dumps(value)} in the files, {json.dumps(old)} in the stamp"
+            )
+    return differ
+
+
+def _is_num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def run_checker(argv: list[str]) -> dict[str, Any]:
+    """Run the stage's checker; raise VerifyError when it fails (its own output in `.output`).
+    Returns the facts it printed (its last line, when that is a JSON object), else {}."""
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=CHECKER_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise VerifyError(f"checker {argv[0]} could not run: {exc}") from exc
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        error = VerifyError(
+            f"checker exited {done.returncode}: {said[-1] if said else 'no output'}"
+        )
+        error.output = f"{done.stdout} {done.stderr}".strip()
+        raise error
+    return _last_json(done.stdout) or {}
+
+
+# --- one stage ------------------------------------------------------------------------------
+
+
+def verify(
+    stamp: dict[str, Any], checker: Optional[list[str]] = None, use_checker: bool = True
+) -> dict[str, Any]:
+    """{"status": ok|damaged|unverified, "problem": str|None, "files": n, "metrics": [...]}.
+    `checker` overrides the stamp's recorded verify_argv (begin.yml passes the role's)."""
+    argv = checker if checker is not None else stamp.get("verify_argv")
+    recorded = stamp.get("manifest")
+    out: dict[str, Any] = {"status": OK, "problem": None, "files": None, "metrics": []}
+    if recorded is None and not argv:
+        if checker is not None:
+            return out  # the role has no checker for it: the stamp decides, as it always did
+        out.update(
+            status=UNVERIFIED,
+            problem="the stamp lists no files and no checker (written by an older specfleet);"
+            " the next site.yml run verifies the stage and records them",
+        )
+        return out
+    # The checker first: where it fails, its message says more than a size or a checksum.
+    try:
+        fresh = run_checker(list(argv)) if argv and use_checker else {}
+        if recorded is not None:
+            out["files"] = check_manifest(recorded)
+        metrics = stamp.get("metrics") or {}
+        differ = compare_metrics(fresh, metrics)
+        if differ:
+            raise VerifyError("metrics disagree with the files: " + "; ".join(differ))
+        out["metrics"] = sorted(k for k in fresh if k in metrics and not TIMING_KEY.search(k))
+    except VerifyError as exc:
+        out.update(status=DAMAGED, problem=str(exc))
+        if exc.output:
+            out["output"] = exc.output
+    return out
+
+
+def record_missing(state_dir: Path, stamp: dict[str, Any], checker: list[str]) -> bool:
+    """Give a manifest-less stamp its manifest and checker, once they verified; True if
+    written."""
+    if "manifest" in stamp:
+        return False
+    paths = [Path(v) for v in (stamp.get("artifacts") or {}).values() if isinstance(v, str) and v]
+    stamp = {
+        **stamp,
+        "manifest": manifest([p for p in paths if p.exists() or p.is_symlink()]),
+        "verify_argv": checker,
+    }
+    stamps.write(state_dir, stamp)
+    return True
+
+
+def line(stage: str, result: dict[str, Any]) -> str:
+    if result["status"] == OK:
+        files = "" if result["files"] is None else f"{result['files']} files as stamped"
+        metrics = f"metrics {', '.join(result['metrics'])} re-read" if result["metrics"] else ""
+        return f"{stage}: ok" + (
+            f" ({'; '.join(x for x in (files, metrics) if x)})" if files or metrics else ""
+        )
+    return f"{stage}: {result['status']}: {result['problem']}"
+
+
+def check_all(
+    state_dir: Path, skip: set[str], use_checker: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Every stamped stage of a work root except `skip`, in stamp-file order."""
+    return {
+        stage: verify(stamp, use_checker=use_checker)
+        for stage, stamp in stamps.load(state_dir).items()
+        if stage not in skip
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specfleet_helpers.checks.stage_verify",
+        description="Verify a stage's artifacts against its stamp (files, then its checker).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("manifest", help="print the manifest of artifact paths as JSON")
+    m.add_argument("paths", nargs="*", type=Path)
+    c = sub.add_parser("check", help="verify one stage; exit 1 with one line when it does not")
+    c.add_argument("--state-dir", type=Path, required=True, help="<specfleet_root>/state")
+    c.add_argument("--stage", required=True)
+    c.add_argument(
+        "--checker-json",
+        help="the checker argv as a JSON list instead of the stamp's (begin.yml: the role's)",
+    )
+    c.add_argument(
+        "--reason",
+        action="store_true",
+        help="print only what is wrong (a failed checker's own output), for begin.yml's reason",
+    )
+    c.add_argument(
+        "--record-missing",
+        action="store_true",
+        help="write the manifest and checker into an older stamp that has none, once it verified",
+    )
+    a = sub.add_parser("check-all", help="verify every stamped stage; print {stage: result}")
+    a.add_argument("--state-dir", type=Path, required=True, help="<specfleet_root>/state")
+    a.add_argument("--skip", default="", help="comma-separated stages not to verify")
+    a.add_argument(
+        "--files-only",
+        action="store_true",
+        help="check the listed files only, not the checkers (the testinfra suite's form)",
+    )
+    args = parser.parse_args(argv)
+
+    if args.command == "manifest":
+        try:
+            print(json.dumps(manifest(args.paths), sort_keys=True))
+        except (OSError, VerifyError) as exc:
+            print(f"manifest: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args.command == "check-all":
+        skip = {s for s in args.skip.split(",") if s}
+        print(json.dumps(check_all(args.state_dir, skip, not args.files_only), sort_keys=True))
+        return 0
+    stamp = stamps.load(args.state_dir).get(args.stage)
+    if stamp is None:
+        print(f"{args.stage}: {MISSING}: no readable stamp in {args.state_dir}")
+        return 1
+    checker = json.loads(args.checker_json) if args.checker_json else None
+    result = verify(stamp, checker)
+    if (
+        result["status"] == OK
+        and args.record_missing
+        and checker is not None
+        and record_missing(args.state_dir, stamp, checker)
+    ):
+        result["recorded"] = True
+    if args.reason and result["status"] != OK:
+        print(result.get("output") or result["problem"])
+    else:
+        print(line(args.stage, result) + (" (manifest recorded)" if result.get("recorded") else ""))
+    return 0 if result["status"] == OK else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

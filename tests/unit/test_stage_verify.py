@@ -1,0 +1,227 @@
+"""The one stage verifier: a stamp's file list, its recorded checker and the facts it re-reads."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from specfleet_helpers.checks import stage_verify
+from specfleet_helpers.host import stamps
+
+
+def artifacts(top: Path) -> Path:
+    """A checkpoint-like tree: two epochs, a link to the best one, a small config."""
+    for epoch in ("0", "1"):
+        (top / epoch).mkdir(parents=True)
+        (top / epoch / "model.safetensors").write_bytes(b"w" * (100 + int(epoch)))
+        (top / epoch / "config.json").write_text('{"hidden_size": 128}')
+    (top / "checkpoint_best").symlink_to("1")
+    return top
+
+
+def checker(prints: dict[str, Any], rc: int = 0) -> list[str]:
+    """A real command that prints a checker's JSON line (or fails like one)."""
+    code = f"import sys; print({json.dumps(json.dumps(prints))}); sys.exit({rc})"
+    if rc:
+        code = f"import sys; sys.stderr.write('dataset check failed: no rows\\n'); sys.exit({rc})"
+    return [sys.executable, "-c", code]
+
+
+def write_stamp(state: Path, stage: str, **fields: Any) -> dict[str, Any]:
+    state.mkdir(exist_ok=True)
+    stamp = {"stage": stage, "run_id": "r1", "metrics": {}, **fields}
+    stamps.write(state, stamp)
+    return stamp
+
+
+def test_manifest_lists_files_with_size_and_checksum_and_links(tmp_path: Path) -> None:
+    top = artifacts(tmp_path / "ckpt")
+    m = stage_verify.manifest([top])
+    assert set(m["files"]) == {
+        str(top / e / f) for e in ("0", "1") for f in ("model.safetensors", "config.json")
+    }
+    entry = m["files"][str(top / "1" / "model.safetensors")]
+    assert entry["size"] == 101 and len(entry["sha256"]) == 64
+    # the link is recorded as a link, its target's files once
+    assert m["links"] == {str(top / "checkpoint_best"): "1"}
+    assert m["hash_limit_bytes"] == stage_verify.HASH_LIMIT_BYTES == 64 * 1024 * 1024
+
+
+def test_files_over_the_limit_are_listed_by_size_only(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(stage_verify, "HASH_LIMIT_BYTES", 50)
+    top = artifacts(tmp_path / "ckpt")
+    m = stage_verify.manifest([top])
+    assert "sha256" not in m["files"][str(top / "0" / "model.safetensors")]
+    assert "sha256" in m["files"][str(top / "0" / "config.json")]
+
+
+def test_manifest_refuses_a_missing_artifact(tmp_path: Path) -> None:
+    with pytest.raises(stage_verify.VerifyError, match="does not exist"):
+        stage_verify.manifest([tmp_path / "absent"])
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda t: (t / "1" / "model.safetensors").write_bytes(b""), "has 0 bytes, the stamp"),
+        (lambda t: (t / "0" / "model.safetensors").unlink(), "model.safetensors is missing"),
+        (lambda t: (t / "0" / "config.json").write_text('{"hidden_size": 256}'), "changed"),
+        (
+            lambda t: ((t / "checkpoint_best").unlink(), (t / "checkpoint_best").symlink_to("0")),
+            "links to 0, the stamp recorded 1",
+        ),
+        (lambda t: (t / "checkpoint_best").unlink(), "checkpoint_best is missing"),
+    ],
+    ids=["emptied", "deleted", "edited", "relinked", "unlinked"],
+)
+def test_check_manifest_names_the_damaged_file(tmp_path: Path, damage, message) -> None:
+    top = artifacts(tmp_path / "ckpt")
+    recorded = stage_verify.manifest([top])
+    assert stage_verify.check_manifest(recorded) == 4
+    damage(top)
+    with pytest.raises(stage_verify.VerifyError, match=message):
+        stage_verify.check_manifest(recorded)
+
+
+def test_extra_files_do_not_count_as_damage(tmp_path: Path) -> None:
+    # e.g. a datasets cache file written beside the prepared data by a later reader
+    top = artifacts(tmp_path / "ckpt")
+    recorded = stage_verify.manifest([top])
+    (top / "0" / "cache-123.arrow").write_bytes(b"c")
+    assert stage_verify.check_manifest(recorded) == 4
+
+
+def test_compare_metrics_skips_timings_and_keys_the_stamp_lacks() -> None:
+    fresh = {"rows": 10, "elapsed_s": 3.2, "duration": 1, "new_key": 1, "nested": {"n": 2.0}}
+    recorded = {"rows": 10, "elapsed_s": 9.9, "duration": 5, "nested": {"n": 2}}
+    assert stage_verify.compare_metrics(fresh, recorded) == []
+    differ = stage_verify.compare_metrics(
+        {"rows": 10, "nested": {"n": 3}}, {"rows": 9, "nested": {"n": 2}}
+    )
+    assert differ == [
+        "nested.n is 3 in the files, 2 in the stamp",
+        "rows is 10 in the files, 9 in the stamp",
+    ]
+
+
+def test_verify_ok_then_each_kind_of_break(tmp_path: Path) -> None:
+    top = artifacts(tmp_path / "ckpt")
+    stamp = {
+        "stage": "data",
+        "metrics": {"rows": 10, "elapsed_s": 1.0},
+        "manifest": stage_verify.manifest([top]),
+        "verify_argv": checker({"rows": 10, "elapsed_s": 7.0}),
+    }
+    ok = stage_verify.verify(stamp)
+    assert ok == {"status": "ok", "problem": None, "files": 4, "metrics": ["rows"]}
+
+    lying = {**stamp, "metrics": {"rows": 11}}
+    out = stage_verify.verify(lying)
+    assert out["status"] == "damaged"
+    assert (
+        out["problem"]
+        == "metrics disagree with the files: rows is 10 in the files, 11 in the stamp"
+    )
+
+    failing = {**stamp, "verify_argv": checker({}, rc=1)}
+    out = stage_verify.verify(failing)
+    assert out["status"] == "damaged"
+    assert out["problem"] == "checker exited 1: dataset check failed: no rows"
+
+    # the checker given by the role (begin.yml) wins over the stamp's
+    assert stage_verify.verify(failing, checker({"rows": 10}))["status"] == "ok"
+
+
+def test_older_stamps(tmp_path: Path) -> None:
+    old = {"stage": "data", "metrics": {"rows": 10}, "specfleet_stamp_version": 1}
+    # validate.yml: nothing to verify with, so not passed
+    assert stage_verify.verify(old)["status"] == "unverified"
+    # begin.yml: the role's checker decides, as before manifests existed
+    assert stage_verify.verify(old, checker({"rows": 10}))["status"] == "ok"
+    assert stage_verify.verify(old, [])["status"] == "ok"
+    assert stage_verify.verify(old, checker({"rows": 9}))["status"] == "damaged"
+
+
+def test_cli_check_records_the_missing_manifest_once(tmp_path: Path, capsys) -> None:
+    top = artifacts(tmp_path / "ckpt")
+    state = tmp_path / "state"
+    write_stamp(state, "train", artifacts={"draft": str(top), "none": None}, metrics={"rows": 1})
+    argv = checker({"rows": 1})
+    args = ["check", f"--state-dir={state}", "--stage=train", "--checker-json", json.dumps(argv)]
+    assert stage_verify.main([*args, "--record-missing"]) == 0
+    assert capsys.readouterr().out.strip() == "train: ok (metrics rows re-read) (manifest recorded)"
+    recorded = stamps.load(state)["train"]
+    assert len(recorded["manifest"]["files"]) == 4 and recorded["verify_argv"] == argv
+    assert stage_verify.main([*args, "--record-missing"]) == 0
+    assert capsys.readouterr().out.strip() == "train: ok (4 files as stamped; metrics rows re-read)"
+    # validate.yml's form: the stamp's own checker, no role variables
+    (top / "0" / "config.json").write_text('{"hidden_size": 256}')
+    assert stage_verify.main(["check", f"--state-dir={state}", "--stage=train"]) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("train: damaged: ") and out.endswith(
+        "config.json changed: its sha256 differs from the stamp's"
+    )
+
+
+def test_cli_check_without_a_stamp(tmp_path: Path, capsys) -> None:
+    assert stage_verify.main(["check", f"--state-dir={tmp_path}", "--stage=serve"]) == 1
+    assert capsys.readouterr().out.startswith("serve: missing: no readable stamp")
+
+
+def test_cli_check_all_skips_what_this_run_checked(tmp_path: Path, capsys) -> None:
+    top = artifacts(tmp_path / "ckpt")
+    state = tmp_path / "state"
+    m = stage_verify.manifest([top])
+    write_stamp(state, "train", manifest=m, verify_argv=[])
+    write_stamp(state, "serve", manifest=m, verify_argv=checker({}, rc=1))
+    write_stamp(state, "data")
+    assert stage_verify.main(["check-all", f"--state-dir={state}", "--skip=serve"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"train", "data"}
+    assert out["train"]["status"] == "ok" and out["data"]["status"] == "unverified"
+
+
+def test_cli_manifest_and_help(tmp_path: Path, capsys) -> None:
+    top = artifacts(tmp_path / "ckpt")
+    assert stage_verify.main(["manifest", str(top)]) == 0
+    assert len(json.loads(capsys.readouterr().out)["files"]) == 4
+    assert stage_verify.main(["manifest", str(tmp_path / "absent")]) == 1
+    with pytest.raises(SystemExit) as exc:
+        stage_verify.main(["--help"])
+    assert exc.value.code == 0
+    assert "Verify a stage's artifacts" in capsys.readouterr().out
+
+
+def test_stamps_write_is_atomic_and_readable(tmp_path: Path) -> None:
+    path = stamps.write(tmp_path, {"stage": "models", "run_id": "x"})
+    assert path == tmp_path / "models.json"
+    assert stamps.load(tmp_path) == {"models": {"stage": "models", "run_id": "x"}}
+    assert [p.name for p in tmp_path.iterdir()] == ["models.json"]
+    assert oct(path.stat().st_mode & 0o777) == "0o640"
+
+
+def test_the_checker_speaks_first_and_begin_gets_its_own_words(tmp_path: Path, capsys) -> None:
+    """A failing checker is reported before the file list (its message says more), and in
+    --reason form (begin.yml's 'artifacts no longer valid: ...') exactly as it printed it."""
+    top = artifacts(tmp_path / "ckpt")
+    state = tmp_path / "state"
+    bad = [sys.executable, "-c", "import sys; sys.exit('model_check: weights truncated')"]
+    write_stamp(state, "models", manifest=stage_verify.manifest([top]), verify_argv=bad)
+    (top / "0" / "model.safetensors").unlink()
+    base = ["check", f"--state-dir={state}", "--stage=models"]
+    assert stage_verify.main([*base, "--reason"]) == 1
+    assert capsys.readouterr().out.strip() == "model_check: weights truncated"
+    assert stage_verify.main(base) == 1
+    assert capsys.readouterr().out.strip() == (
+        "models: damaged: checker exited 1: model_check: weights truncated"
+    )
+    # with a checker that passes, the file list names the deleted file
+    assert stage_verify.main([*base, "--reason", "--checker-json=[]"]) == 1
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith("0/model.safetensors is missing (the stamp lists 100 bytes)")
+    )
