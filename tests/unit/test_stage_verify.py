@@ -166,6 +166,20 @@ def test_cli_check_records_the_missing_manifest_once(tmp_path: Path, capsys) -> 
     )
 
 
+def test_recorded_manifest_leaves_out_the_unlisted_artifacts(tmp_path: Path) -> None:
+    """An older speculators_install stamp names the venv: listing it file by file made a
+    14 MB stamp that every play then read (finish.yml leaves it out of new stamps)."""
+    venv = artifacts(tmp_path / "venv")
+    src = artifacts(tmp_path / "src")
+    state = tmp_path / "state"
+    write_stamp(state, "speculators_install", artifacts={"venv": str(venv), "src": str(src)})
+    args = ["check", f"--state-dir={state}", "--stage=speculators_install"]
+    args += ["--checker-json", json.dumps(checker({})), "--record-missing", "--unlisted=venv"]
+    assert stage_verify.main(args) == 0
+    files = stamps.load(state)["speculators_install"]["manifest"]["files"]
+    assert files and all(name.startswith(str(src)) for name in files)
+
+
 def test_cli_check_without_a_stamp(tmp_path: Path, capsys) -> None:
     assert stage_verify.main(["check", f"--state-dir={tmp_path}", "--stage=serve"]) == 1
     assert capsys.readouterr().out.startswith("serve: missing: no readable stamp")

@@ -224,12 +224,22 @@ def verify(
     return out
 
 
-def record_missing(state_dir: Path, stamp: dict[str, Any], checker: list[str]) -> bool:
+def record_missing(
+    state_dir: Path,
+    stamp: dict[str, Any],
+    checker: list[str],
+    unlisted: frozenset[str] = frozenset(),
+) -> bool:
     """Give a manifest-less stamp its manifest and checker, once they verified; True if
-    written."""
+    written. Artifacts named in `unlisted` (a venv: its own checker covers it) are left out,
+    as finish.yml leaves them out of a new stamp."""
     if "manifest" in stamp:
         return False
-    paths = [Path(v) for v in (stamp.get("artifacts") or {}).values() if isinstance(v, str) and v]
+    paths = [
+        Path(v)
+        for k, v in (stamp.get("artifacts") or {}).items()
+        if isinstance(v, str) and v and k not in unlisted
+    ]
     stamp = {
         **stamp,
         "manifest": manifest([p for p in paths if p.exists() or p.is_symlink()]),
@@ -285,6 +295,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         action="store_true",
         help="write the manifest and checker into an older stamp that has none, once it verified",
     )
+    c.add_argument(
+        "--unlisted",
+        default="",
+        help="with --record-missing: comma-separated artifact names not to list file by file",
+    )
     a = sub.add_parser("check-all", help="verify every stamped stage; print {stage: result}")
     a.add_argument("--state-dir", type=Path, required=True, help="<specfleet_root>/state")
     a.add_argument("--skip", default="", help="comma-separated stages not to verify")
@@ -316,7 +331,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         result["status"] == OK
         and args.record_missing
         and checker is not None
-        and record_missing(args.state_dir, stamp, checker)
+        and record_missing(
+            args.state_dir, stamp, checker, frozenset(u for u in args.unlisted.split(",") if u)
+        )
     ):
         result["recorded"] = True
     if args.reason and result["status"] != OK:
