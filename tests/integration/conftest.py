@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from siteruns import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MOCK_NPU_DIR = Path(__file__).resolve().parent / "mock_npu"
@@ -108,12 +109,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

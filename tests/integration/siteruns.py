@@ -33,15 +33,26 @@ def port_free(port: int) -> bool:
     return True
 
 
+def free_port() -> int:
+    """A loopback port free now (bound, then released): for a server, or, left unused, for
+    a connection that must be refused."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def playbook_env() -> dict[str, str]:
-    """The environment of an ansible-playbook these modules start: the project's config,
-    plain output."""
+    """The environment of an ansible-playbook the integration modules start: the project's
+    config, plain output, no retry files, the controller venv first on PATH (testinfra and
+    the validate role run its tools)."""
     env = {
         **os.environ,
+        "PATH": f"{REPO / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
         "PY_COLORS": "0",
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_FORCE_COLOR": "0",
+        "ANSIBLE_RETRY_FILES_ENABLED": "0",
     }
     # Each ansible-playbook must record ITS pid in the host lock (the callback keeps an
     # inherited one, for playbooks started from inside another).

@@ -51,7 +51,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -62,6 +61,7 @@ from typing import Any
 
 import pytest
 import yaml
+from siteruns import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -383,12 +383,6 @@ class Run:
         if found:
             return "\n".join(found)
         return re.sub(r"\s+", " ", self.stdout.replace("''", "'"))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def play(tmp: Path, label: str, extravars: tuple[str, ...], *options: str) -> Run:

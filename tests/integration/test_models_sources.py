@@ -36,7 +36,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from typing import Any
 import pytest
 import yaml
 from fake_modelscope import FakeModelScope
+from siteruns import free_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -101,12 +101,6 @@ MAX_SETTLE_PLAYS = 3
 SKIP_TAGS = "train"
 # Wall time of every play of this module, printed at the end (pytest -s).
 TIMINGS: list[tuple[str, float, str]] = []
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def cpu_venv() -> Path:

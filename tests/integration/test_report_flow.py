@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ from typing import Any
 
 import pytest
 import yaml
+from siteruns import free_port, playbook_env
 
 pytestmark = pytest.mark.integration
 
@@ -76,28 +76,9 @@ class Run:
         return " ".join(f"{self.stdout}\n{self.stderr}".split())
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def closed_port() -> int:
     """A loopback port nothing listens on (bound, then released)."""
     return free_port()
-
-
-def env() -> dict[str, str]:
-    out = {
-        **os.environ,
-        "PATH": f"{ANSIBLE_PLAYBOOK.parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_RETRY_FILES_ENABLED": "0",
-    }
-    out.pop("ANSIBLE_FORCE_COLOR", None)
-    out.pop("SPECFLEET_CONTROLLER_PID", None)
-    return out
 
 
 def play(
@@ -112,7 +93,7 @@ def play(
         proc = subprocess.run(
             argv,
             cwd=REPO,
-            env=env(),
+            env=playbook_env(),
             capture_output=True,
             text=True,
             timeout=RUN_TIMEOUT_S,
@@ -337,7 +318,9 @@ def derive(tmp: Path, stages: list[str], **extravars: Any) -> dict[str, dict[str
         "-e",
         json.dumps({**values, **extravars}),
     ]
-    proc = subprocess.run(argv, cwd=REPO, env=env(), capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        argv, cwd=REPO, env=playbook_env(), capture_output=True, text=True, check=False
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     return {stage: json.loads((out / f"{stage}.json").read_text()) for stage in stages}
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from siteruns import free_port, playbook_env
 
 pytestmark = pytest.mark.integration
 
@@ -33,12 +33,6 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / ".venv" / "bin"
 HOST = "localhost"
 RUN_TIMEOUT_S = 600
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_inventory(directory: Path, group_vars: dict, adjacent: dict | None = None) -> Path:
@@ -58,24 +52,12 @@ def write_inventory(directory: Path, group_vars: dict, adjacent: dict | None = N
     return inventory
 
 
-def env() -> dict[str, str]:
-    out = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
-        "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_NOCOLOR": "1",
-        "ANSIBLE_RETRY_FILES_ENABLED": "0",
-    }
-    out.pop("ANSIBLE_FORCE_COLOR", None)
-    return out
-
-
 def play(playbook: str, inventory: Path, *options: str) -> subprocess.CompletedProcess[str]:
     argv = [str(BIN / "ansible-playbook"), str(REPO / playbook), "-i", str(inventory), *options]
     return subprocess.run(
         argv,
         cwd=REPO,
-        env=env(),
+        env=playbook_env(),
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,
@@ -118,7 +100,7 @@ def test_inventory_group_vars_set_the_work_root(tmp_path: Path) -> None:
     shown = subprocess.run(
         [str(BIN / "ansible-inventory"), "-i", str(inventory), "--host", HOST],
         cwd=REPO,
-        env=env(),
+        env=playbook_env(),
         capture_output=True,
         text=True,
         timeout=120,
