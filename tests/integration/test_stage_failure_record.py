@@ -52,6 +52,43 @@ PLAYBOOK = """
             tasks_from: failed.yml
           vars:
             stage_failed_name: command
+    - name: A stage whose preflight quotes what looks like a script failure
+      block:
+        - name: Refuse the input
+          ansible.builtin.fail:
+            msg: |-
+              bad input
+              log: /not/a/log
+              re-run by hand: bash /not/a/script.sh
+              --- last 1 log lines ---
+              not a tail
+      rescue:
+        - name: Record the failure
+          ansible.builtin.include_role:
+            name: stage
+            tasks_from: failed.yml
+          vars:
+            stage_failed_name: preflight
+    - name: A stage whose script failed (what run.yml describes before it fails)
+      block:
+        - name: Describe the failure
+          ansible.builtin.set_fact:
+            stage_failure_detail:
+              stage: scripted
+              error: "stage scripted failed on localhost: exit code 2"
+              log: /root/logs/scripted.log
+              rerun: bash /root/run/scripted.sh
+              log_tail: [one, two]
+        - name: Fail with the log tail
+          ansible.builtin.fail:
+            msg: "stage scripted failed on localhost: exit code 2, and the rest of the message"
+      rescue:
+        - name: Record the failure
+          ansible.builtin.include_role:
+            name: stage
+            tasks_from: failed.yml
+          vars:
+            stage_failed_name: scripted
 """
 
 
@@ -92,3 +129,19 @@ def test_a_command_records_its_stderr_as_lines(records: dict[str, dict]) -> None
     error = records["command.failed.json"]["error"]
     assert error.splitlines()[-2:] == ["first problem", "second problem"], error
     assert "\\n" not in error, "newlines were written as backslash-n"
+
+
+def test_the_record_takes_log_and_rerun_from_the_stage_not_from_the_message(
+    records: dict[str, dict],
+) -> None:
+    """failed.yml once parsed `log:` / `re-run by hand:` / the tail back out of the error text,
+    so any message quoting such lines forged them; now they come only from the structured
+    description run.yml and stage.yml set for the stage that failed."""
+    quoted = records["preflight.failed.json"]
+    assert (quoted["log"], quoted["rerun"], quoted["log_tail"]) == (None, None, []), quoted
+    assert quoted["error"].startswith("bad input\nlog: /not/a/log"), quoted
+    scripted = records["scripted.failed.json"]
+    assert scripted["log"] == "/root/logs/scripted.log", scripted
+    assert scripted["rerun"] == "bash /root/run/scripted.sh", scripted
+    assert scripted["log_tail"] == ["one", "two"], scripted
+    assert scripted["error"] == "stage scripted failed on localhost: exit code 2", scripted
