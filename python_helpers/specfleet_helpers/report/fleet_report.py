@@ -30,12 +30,13 @@ from typing import Any, Callable, Optional
 import jinja2
 import jsonschema
 
+from specfleet_helpers.files import atomic_path, strip_ansi, write_atomic
+
 SCHEMA = "specfleet.fleet/1"
 # Input and output, as JSON Schema: the checkout's docs/ (this runs on the controller).
 SCHEMA_FILE = Path(__file__).resolve().parents[3] / "docs" / "fleet-report.schema.json"
 FLEET_GROUPS = ("atlas-a2", "atlas-a3", "ascend-950")
 NO_GROUP = "ungrouped"
-RUN_STATUSES = ("ran", "up_to_date", "would_run", "failed")
 PASSED, FAILED, SKIPPED, NOT_REACHED, UNREACHABLE = (
     "passed",
     "failed",
@@ -58,7 +59,6 @@ EFFECTIVE_SETTINGS = (
 VERSION_KEYS = ("vllm", "vllm-ascend", "torch", "torch_npu", "transformers")
 MAX_NAMES = 10  # hosts named in the verdict line before "and N more"
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")
 XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
@@ -229,7 +229,7 @@ def _group_rank(group: Optional[str]) -> int:
 
 def _clean_text(text: str) -> str:
     """Without ANSI escapes and characters XML 1.0 cannot carry."""
-    return XML_INVALID.sub("", ANSI.sub("", text))
+    return XML_INVALID.sub("", strip_ansi(text))
 
 
 def _finite(value: Any) -> Any:
@@ -937,18 +937,6 @@ def render_junit(
 # --- writing ------------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, write: Callable[[Path], object]) -> None:
-    """write(tmp_path) then rename over path; an interrupted write leaves only a dot-tmp file,
-    removed here when the write raised."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
 def write_report(
     report: dict[str, Any], artifacts: Optional[dict[str, list[dict[str, Any]]]], out_dir: Path
 ) -> None:
@@ -956,12 +944,11 @@ def write_report(
     markdown = render_markdown(report)
     tree = render_junit(report, artifacts)
     document = json.dumps(_finite(report), indent=2, ensure_ascii=False) + "\n"
-    _write_atomic(
-        out_dir / "junit.xml", lambda p: tree.write(p, encoding="utf-8", xml_declaration=True)
-    )
-    _write_atomic(out_dir / "fleet.md", lambda p: p.write_text(markdown, encoding="utf-8"))
+    with atomic_path(out_dir / "junit.xml") as tmp:
+        tree.write(tmp, encoding="utf-8", xml_declaration=True)
+    write_atomic(out_dir / "fleet.md", markdown)
     # fleet.json last: when it is complete, so are the other two
-    _write_atomic(out_dir / "fleet.json", lambda p: p.write_text(document, encoding="utf-8"))
+    write_atomic(out_dir / "fleet.json", document)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
