@@ -33,7 +33,7 @@ unit: setup
 # fixtures in one process): most runs are one ansible-playbook on one core, so two run side by side.
 INTEGRATION_WORKERS ?= 2
 integration: setup  ## real Ansible runs: mock-NPU npu_env, git and wheelhouse sources, containers
-	$(BIN)/python -m pytest -n $(INTEGRATION_WORKERS) --dist loadfile tests/integration
+	$(BIN)/python -m pytest -n $(INTEGRATION_WORKERS) --dist loadfile --durations=25 tests/integration
 
 test-reliability: setup  ## slow: runs killed (SIGINT/SIGKILL), vLLM dying, corrupted artifacts, ports, disk, host lock, secrets, paths with spaces
 	SPECFLEET_SLOW_TESTS=1 $(BIN)/python -m pytest -s tests/integration/test_interruptions.py tests/integration/test_failures.py tests/integration/test_validation.py tests/integration/test_speculators_sources.py tests/integration/test_speculators_install_npu.py
@@ -55,7 +55,13 @@ test-images:  ## container engines and test images (root): podman + runc, Debian
 	@scripts/test-images dockerd start
 	@scripts/test-images build --engine all
 
-test: lint unit integration molecule molecule-container  ## everything CI runs
+# Each part's time is printed, so a slow suite shows where its minutes go.
+TEST_PARTS := lint unit integration molecule molecule-container
+test:  ## everything CI runs
+	@for part in $(TEST_PARTS); do \
+	  start=$$SECONDS; $(MAKE) --no-print-directory $$part || exit 1; \
+	  echo "=== make $$part: $$((SECONDS - start)) s"; \
+	done
 
 clean:  ## remove the local work root and caches (not the controller venv)
 	rm -rf .work .cache reports
