@@ -332,9 +332,9 @@ STAGE_PLAY = """\
         tasks_from: run.yml
       vars:
         stage_name: probe_stage
-        stage_script_template: {template}
-        stage_timeout_s: 8
-        stage_poll_delay_s: 2
+        # a stage declared for this test alone (roles/specfleet/vars/main/stages.yml)
+        specfleet_stages:
+          probe_stage: {{script: {template}, timeout_s: 8, poll_delay_s: 2}}
       tags: [probe]
 """
 

@@ -16,7 +16,7 @@ reports directory under tmp_path; none needs a pipeline, so each takes seconds:
                        serve script), naming train and the other missing upstream stages.
 
 and the graph: roles/stage/tasks/upstream.yml, run on its own against the one declaration
-(roles/stage/vars/main.yml: stage_graph), gives train an upstream with convert exactly when
+(roles/specfleet/vars/main/stages.yml: specfleet_stages), gives train an upstream with convert exactly when
 train_from_converted is set; no stage role lists its upstream stages itself.
 
 Run explicitly:
@@ -48,11 +48,11 @@ SITE = REPO / "site.yml"
 INVENTORY = REPO / "inventory" / "local.yml"
 HOST = "localhost"
 RUN_TIMEOUT_S = 600
-# The one declaration of the stage graph ({} when there is none: the graph tests then fail).
+# The one declaration of the stages ({} when there is none: the graph tests then fail).
+STAGES_FILE = REPO / "roles" / "specfleet" / "vars" / "main" / "stages.yml"
 STAGE_GRAPH: dict[str, Any] = (
-    yaml.safe_load((REPO / "roles" / "stage" / "vars" / "main.yml").read_text()).get("stage_graph")
-    or {}
-)
+    yaml.safe_load(STAGES_FILE.read_text()).get("specfleet_stages") if STAGES_FILE.is_file() else {}
+) or {}
 REFUSED_MESSAGE = "serve_gpu_memory_utilization (specfleet_serve_gpu_memory_utilization) is 1.5"
 
 
@@ -272,6 +272,8 @@ GRAPH_PLAY = """
   hosts: localhost
   connection: local
   gather_facts: false
+  roles:
+    - role: specfleet  # the stage declarations
   tasks:
     - name: Derive each stage's upstream
       ansible.builtin.include_tasks: graph_stage.yml
@@ -328,7 +330,7 @@ def derive(tmp: Path, stages: list[str], **extravars: Any) -> dict[str, dict[str
 def test_train_depends_on_convert_exactly_when_it_trains_from_the_converted_draft(
     tmp_path: Path,
 ) -> None:
-    assert "train" in STAGE_GRAPH, "roles/stage/vars/main.yml declares no stage_graph"
+    assert "train" in STAGE_GRAPH, "roles/specfleet/vars/main/stages.yml declares no specfleet_stages"
     declared = STAGE_GRAPH["train"]
     assert declared["needs_if"] == {"convert": "train_from_converted"}, declared
     assert "convert" not in declared["needs"], declared
@@ -342,7 +344,7 @@ def test_train_depends_on_convert_exactly_when_it_trains_from_the_converted_draf
 
 def test_every_stage_takes_its_upstream_from_the_one_declaration(tmp_path: Path) -> None:
     """No role lists upstream stages itself; each stage's derived upstream is its declaration."""
-    assert STAGE_GRAPH, "roles/stage/vars/main.yml declares no stage_graph"
+    assert STAGE_GRAPH, "roles/specfleet/vars/main/stages.yml declares no specfleet_stages"
     literal = re.compile(r"selectattr\('key', 'in', \[")
     for path in sorted((REPO / "roles").glob("*/tasks/*.yml")):
         assert not literal.search(path.read_text()), f"{path} lists upstream stages itself"
