@@ -72,7 +72,7 @@ def render(run_dir: Path) -> dict[str, dict[str, str]]:
         "ANSIBLE_NOCOLOR": "1",
     }
     argv = [str(ANSIBLE_PLAYBOOK), str(PLAYBOOK), "-i", str(INVENTORY), "--check", "--diff"]
-    argv += ["-e", f"stage_run_dir={run_dir}"]
+    argv += ["-e", f"specfleet_run_dir={run_dir}"]
     proc = subprocess.run(
         argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
     )

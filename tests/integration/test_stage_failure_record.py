@@ -103,7 +103,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     playbook.write_text(PLAYBOOK)
     extravars = {
         "specfleet_root": str(tmp / "root"),
-        "stage_state_dir": str(state),
+        "specfleet_state_dir": str(state),
         "ansible_python_interpreter": sys.executable,
     }
     done = subprocess.run(
