@@ -87,6 +87,29 @@ def at_least(rules: Iterable[Sequence[Any]]) -> list[str]:
     return problems
 
 
+def _as_int(value: Any) -> int | None:
+    """value as Jinja's int filter reads it ("3", 3.0 and "3.0" are 3); None for no number."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        try:
+            return int(float(value))
+        except (TypeError, ValueError):
+            return None
+
+
+def below_floor(values: Mapping[str, Any], floor: int) -> list[str]:
+    """A problem for each setting of `values` (name -> value, in order) below `floor`, or not a
+    number: "<name> is <value>, expected >= <floor>". For the rules whose message gives no
+    purpose (at_least gives one); the value is shown as given, like Jinja's ~ shows it."""
+    problems = []
+    for name, value in values.items():
+        number = _as_int(value)
+        if number is None or number < int(floor):
+            problems.append(f"{name} is {value}, expected >= {floor}")
+    return problems
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -94,4 +117,5 @@ class FilterModule:
             "specfleet_spec_problems": spec_problems,
             "specfleet_spec_message": spec_message,
             "specfleet_at_least": at_least,
+            "specfleet_below_floor": below_floor,
         }

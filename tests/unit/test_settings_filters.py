@@ -30,6 +30,7 @@ def test_every_filter_is_registered_under_the_specfleet_prefix() -> None:
         "specfleet_spec_problems",
         "specfleet_spec_message",
         "specfleet_at_least",
+        "specfleet_below_floor",
     }
 
 
@@ -105,3 +106,25 @@ def test_at_least(rule: list, expected: list[str]) -> None:
 def test_at_least_reports_each_rule_in_order() -> None:
     rules = [["a", 0, 1, "x"], ["b", 5, 1, "y"], ["c", 1, 2, "z"]]
     assert filters.at_least(rules) == ["a is 0, expected >= 1 (x)", "c is 1, expected >= 2 (z)"]
+
+
+@pytest.mark.parametrize(
+    ("value", "floor", "expected"),
+    [
+        (1, 1, []),
+        ("3", 1, []),
+        ("2.0", 2, []),
+        (0, 1, ["n is 0, expected >= 1"]),
+        ("0", 1, ["n is 0, expected >= 1"]),
+        (-2, -1, ["n is -2, expected >= -1"]),
+        ("abc", 0, ["n is abc, expected >= 0"]),
+        (None, 1, ["n is None, expected >= 1"]),
+    ],
+)
+def test_below_floor(value: object, floor: int, expected: list[str]) -> None:
+    assert filters.below_floor({"n": value}, floor) == expected
+
+
+def test_below_floor_reports_each_setting_in_order() -> None:
+    values = {"a": 0, "b": 5, "c": "-1"}
+    assert filters.below_floor(values, 1) == ["a is 0, expected >= 1", "c is -1, expected >= 1"]
