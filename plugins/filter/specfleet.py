@@ -3,7 +3,8 @@
 What a settings check needs beyond one-line YAML asserts: turning ansible's
 validate_argument_spec result into messages that name the variable, the value and what was
 expected (with the option's type and description from meta/argument_specs.yml), and the
-"each of these counts is at least N" rules the stage roles share.
+"each of these counts is at least N" rules the stage roles share (of plain settings: at_least;
+of a dict setting's fields: fields_at_least).
 """
 
 from __future__ import annotations
@@ -110,6 +111,27 @@ def below_floor(values: Mapping[str, Any], floor: int) -> list[str]:
     return problems
 
 
+def fields_at_least(
+    settings: Iterable[Sequence[Any]], keys: Sequence[str], floor: float, unit: str = ""
+) -> list[str]:
+    """Each setting is [name, mapping]: a problem "<name>.<key> is <value>, expected [<unit> ]>=
+    <floor>" for each of `keys` of the mapping whose value is below `floor` or not a number (or
+    missing), settings and keys in order. For the dict settings whose fields share a floor (the
+    synthetic models' sizes, the GB per profile); the value is shown as given, like Jinja's ~."""
+    expected = f"{unit} >= {floor}" if unit else f">= {floor}"
+    problems = []
+    for name, mapping in settings:
+        for key in keys:
+            value = mapping.get(key) if isinstance(mapping, Mapping) else None
+            try:
+                below = float(value) < float(floor)
+            except (TypeError, ValueError):
+                below = True
+            if below:
+                problems.append(f"{name}.{key} is {value}, expected {expected}")
+    return problems
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
@@ -118,4 +140,5 @@ class FilterModule:
             "specfleet_spec_message": spec_message,
             "specfleet_at_least": at_least,
             "specfleet_below_floor": below_floor,
+            "specfleet_fields_at_least": fields_at_least,
         }

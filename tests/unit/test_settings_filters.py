@@ -31,6 +31,7 @@ def test_every_filter_is_registered_under_the_specfleet_prefix() -> None:
         "specfleet_spec_message",
         "specfleet_at_least",
         "specfleet_below_floor",
+        "specfleet_fields_at_least",
     }
 
 
@@ -128,3 +129,33 @@ def test_below_floor(value: object, floor: int, expected: list[str]) -> None:
 def test_below_floor_reports_each_setting_in_order() -> None:
     values = {"a": 0, "b": 5, "c": "-1"}
     assert filters.below_floor(values, 1) == ["a is 0, expected >= 1", "c is -1, expected >= 1"]
+
+
+@pytest.mark.parametrize(
+    ("mapping", "expected"),
+    [
+        ({"a": 1, "b": "2"}, []),
+        ({"a": 0, "b": 1}, ["m.a is 0, expected >= 1"]),
+        ({"a": 1, "b": "abc"}, ["m.b is abc, expected >= 1"]),
+        ({"a": 1}, ["m.b is None, expected >= 1"]),
+        ("not a dict", ["m.a is None, expected >= 1", "m.b is None, expected >= 1"]),
+    ],
+)
+def test_fields_at_least(mapping: object, expected: list[str]) -> None:
+    assert filters.fields_at_least([["m", mapping]], ["a", "b"], 1) == expected
+
+
+def test_fields_at_least_compares_floats_and_names_the_unit() -> None:
+    gb = {"npu": 0.5, "cpu": -0.5}
+    assert filters.fields_at_least([["gb", gb]], ["npu", "cpu"], 0, "GB") == [
+        "gb.cpu is -0.5, expected GB >= 0"
+    ]
+
+
+def test_fields_at_least_reports_each_setting_then_each_key_in_order() -> None:
+    settings = [["x", {"p": -1, "q": -2}], ["y", {"p": 0, "q": -3}]]
+    assert filters.fields_at_least(settings, ["q", "p"], 0) == [
+        "x.q is -2, expected >= 0",
+        "x.p is -1, expected >= 0",
+        "y.q is -3, expected >= 0",
+    ]
