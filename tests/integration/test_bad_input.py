@@ -490,7 +490,7 @@ def test_bad_input_stops_the_run_before_host_work(runs: dict[str, Future[Run]], 
         f"[{case.id}] the work root {run.root} was created: host work happened before the "
         f"bad setting was reported\n{run.tail()}"
     )
-    assert "TASK [stage : Create the work root layout]" not in run.stdout, run.tail()
+    assert "TASK [session : Create the work root layout]" not in run.stdout, run.tail()
     task = run.failed_task()
     assert task.startswith(f"TASK [{case.role} : "), (
         f"[{case.id}] expected {case.role}'s settings check to stop the run; "

@@ -85,8 +85,8 @@ def test_inventory_group_vars_set_the_work_root(tmp_path: Path) -> None:
     }
     run = play("playbooks/provision.yml", inventory, "--check", "-e", json.dumps(extravars))
     output = run.stdout + run.stderr
-    assert "TASK [stage : Create the work root layout]" in run.stdout, output[-4000:]
-    layout = run.stdout.split("TASK [stage : Create the work root layout]", 1)[1].split(
+    assert "TASK [session : Create the work root layout]" in run.stdout, output[-4000:]
+    layout = run.stdout.split("TASK [session : Create the work root layout]", 1)[1].split(
         "\nTASK [", 1
     )[0]
     assert f"(item={root})" in layout, (
