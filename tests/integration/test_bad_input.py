@@ -23,6 +23,7 @@ was expected; and the work root must not exist afterwards, which proves no host 
                          >= the synthetic verifier's layer count (known before any model exists)
   draft hidden size      a synthetic draft whose hidden_size differs from the verifier's
   port                   specfleet_serve_port=70000
+  forced stages          specfleet_force_stages naming a stage that is not declared
   NPU devices            specfleet_npu_devices=0,1 (a string, not all or a list of ids)
   memory share           serve_gpu_memory_utilization=1.5
   malformed data row     data_source=file with a JSONL file whose line 3 is not JSON (the
@@ -268,6 +269,17 @@ CASES = (
         ("specfleet_serve_port=70000",),
         "npu_env",
         ("specfleet_serve_port", "70000 out of range", "expected ports in 1..65535"),
+    ),
+    Case(
+        "forced-stage-not-declared",
+        (as_json({"specfleet_force_stages": ["trian"]}),),
+        "npu_env",
+        (
+            "specfleet_force_stages",
+            "trian is not a stage",
+            # the declared stages (roles/specfleet/vars/main/stages.yml), in pipeline order
+            "expected a list of npu_env, speculators_install, models, convert, data, hidden_states",
+        ),
     ),
     Case(
         "npu-devices-not-all-or-ids",

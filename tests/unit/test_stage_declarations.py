@@ -1,0 +1,121 @@
+"""The stage declarations (roles/specfleet/vars/main/stages.yml) are the one place a stage's
+graph, script, verifier and artifacts are written: they name real roles, templates and
+settings, the graph runs in pipeline order, and no stage role hands the stage contract
+anything but its stage's name."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+ROLES = REPO / "roles"
+DECLARATIONS = ROLES / "specfleet" / "vars" / "main" / "stages.yml"
+PLAYBOOKS = [REPO / "playbooks" / name for name in ("provision.yml", "pipeline.yml", "serve.yml")]
+# What a stage role may pass when it includes roles/stage: its stage's name; the metrics a
+# stage that checks its own results (models, speculators_install) records with finish.yml;
+# and npu_env, which has no script or stamp, its result for the report (note.yml).
+CONTRACT_VARS = {"stage_name", "stage_metrics", "stage_failed_name"}
+NOTE_VARS = {"stage_note_status", "stage_note_reason", "stage_note_duration_s"}
+# A template path inside a templated value, e.g. "{{ 'models/templates/models.sh.j2' if ... }}"
+TEMPLATE_IN_VALUE = re.compile(r"([a-z_]+/templates/[\w.]+\.j2)")
+
+
+def declarations() -> dict[str, dict[str, Any]]:
+    return yaml.safe_load(DECLARATIONS.read_text())["specfleet_stages"]
+
+
+def role_order() -> list[str]:
+    """The stage roles in the order the plays run them."""
+    order = []
+    for playbook in PLAYBOOKS:
+        for play in yaml.safe_load(playbook.read_text()):
+            for role in play.get("roles", []):
+                name = role["role"] if isinstance(role, dict) else role
+                if name != "specfleet":
+                    order.append(name)
+    return order
+
+
+def test_the_declared_stages_are_the_stage_roles_in_pipeline_order() -> None:
+    assert list(declarations()) == role_order()
+
+
+@pytest.mark.parametrize("stage", list(declarations()))
+def test_a_stage_needs_only_stages_declared_before_it(stage: str) -> None:
+    names = list(declarations())
+    before = names[: names.index(stage)]
+    declared = declarations()[stage]
+    assert set(declared["needs"]) <= set(before), declared["needs"]
+    assert set(declared.get("needs_if", {})) <= set(before), declared.get("needs_if")
+    assert declared["provides"], f"{stage} says nothing about what it provides"
+
+
+def test_a_conditional_edge_names_a_setting_of_its_role() -> None:
+    for stage, declared in declarations().items():
+        for setting in declared.get("needs_if", {}).values():
+            sources = [ROLES / stage / "defaults" / "main.yml", ROLES / stage / "vars" / "main.yml"]
+            names = set()
+            for source in sources:
+                if source.is_file():
+                    names |= set(yaml.safe_load(source.read_text()) or {})
+            assert setting in names, f"{stage}: needs_if names {setting}, not a {stage} setting"
+
+
+@pytest.mark.parametrize("stage", [s for s, d in declarations().items() if d.get("script")])
+def test_a_declared_script_is_a_template_of_its_role(stage: str) -> None:
+    script = declarations()[stage]["script"]
+    paths = TEMPLATE_IN_VALUE.findall(script) if "{{" in script else [script]
+    assert paths, script
+    for path in paths:
+        assert path.startswith(f"{stage}/templates/"), path
+        assert (ROLES / path).is_file(), f"{stage}: no template {path}"
+
+
+@pytest.mark.parametrize("stage", [s for s, d in declarations().items() if d.get("script")])
+def test_a_stage_with_a_script_declares_its_timeout_verifier_inputs_and_artifacts(
+    stage: str,
+) -> None:
+    declared = declarations()[stage]
+    for key in ("timeout_s", "verifier", "inputs", "artifacts"):
+        assert declared.get(key), f"{stage} declares no {key}"
+    unlisted = set(declared.get("unlisted", []))
+    artifacts = declared["artifacts"]
+    if isinstance(artifacts, dict):
+        assert unlisted <= set(artifacts), f"{stage}: unlisted {unlisted} are not artifacts"
+
+
+def stage_includes(path: Path) -> list[dict[str, Any]]:
+    """Every include_role/import_role of the stage role in a task file, blocks included."""
+    found = []
+
+    def walk(tasks: list[dict[str, Any]]) -> None:
+        for task in tasks or []:
+            for key in ("block", "rescue", "always"):
+                walk(task.get(key, []))
+            for module in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
+                if task.get(module, {}).get("name") == "stage":
+                    found.append(task)
+
+    walk(yaml.safe_load(path.read_text()))
+    return found
+
+
+def test_no_stage_role_hands_the_contract_more_than_its_name() -> None:
+    calls = 0
+    for stage in declarations():
+        allowed = CONTRACT_VARS | (NOTE_VARS if stage == "npu_env" else set())
+        for path in sorted((ROLES / stage / "tasks").glob("*.yml")):
+            where = path.relative_to(REPO)
+            for task in stage_includes(path):
+                calls += 1
+                given = task.get("vars", {})
+                extra = set(given) - allowed
+                assert not extra, f"{where}: passes {sorted(extra)} to the stage role"
+                name = given.get("stage_name") or given.get("stage_failed_name")
+                assert name == stage, f"{where}: calls the contract for {name}"
+    assert calls >= 2 * (len(declarations()) - 1), calls
