@@ -329,7 +329,7 @@ STAGE_PLAY = """\
     - name: Run the probe stage
       ansible.builtin.import_role:
         name: stage
-        tasks_from: run.yml
+        tasks_from: run
       vars:
         stage_name: probe_stage
         # a stage declared for this test alone (roles/specfleet/vars/main/stages.yml)

@@ -285,7 +285,7 @@ GRAPH_STAGE = """
 - name: Find the upstream stages
   ansible.builtin.include_role:
     name: stage
-    tasks_from: upstream.yml
+    tasks_from: upstream
   vars:
     stage_name: "{{ graph_stage }}"
 - name: Write what was derived

@@ -37,7 +37,7 @@ PLAYBOOK = """
         - name: Record the failure
           ansible.builtin.include_role:
             name: stage
-            tasks_from: failed.yml
+            tasks_from: failed
           vars:
             stage_failed_name: looped
     - name: A stage whose command fails with stderr
@@ -49,7 +49,7 @@ PLAYBOOK = """
         - name: Record the failure
           ansible.builtin.include_role:
             name: stage
-            tasks_from: failed.yml
+            tasks_from: failed
           vars:
             stage_failed_name: command
     - name: A stage whose preflight quotes what looks like a script failure
@@ -66,7 +66,7 @@ PLAYBOOK = """
         - name: Record the failure
           ansible.builtin.include_role:
             name: stage
-            tasks_from: failed.yml
+            tasks_from: failed
           vars:
             stage_failed_name: preflight
     - name: A stage whose script failed (what run.yml describes before it fails)
@@ -86,7 +86,7 @@ PLAYBOOK = """
         - name: Record the failure
           ansible.builtin.include_role:
             name: stage
-            tasks_from: failed.yml
+            tasks_from: failed
           vars:
             stage_failed_name: scripted
 """
