@@ -16,8 +16,8 @@ reports directory under tmp_path; none needs a pipeline, so each takes seconds:
                        serve script), naming train and the other missing upstream stages.
 
 and the graph: roles/stage/tasks/upstream.yml, run on its own against the one declaration
-(roles/specfleet/vars/main/stages.yml: specfleet_stages), gives train an upstream with convert exactly when
-train_from_converted is set; no stage role lists its upstream stages itself.
+(roles/specfleet/vars/main/stages.yml: specfleet_stages), gives train an upstream with convert
+exactly when train_from_converted is set; no stage role lists its upstream stages itself.
 
 Run explicitly:
     .venv/bin/python -m pytest -q tests/integration/test_report_flow.py
@@ -330,7 +330,7 @@ def derive(tmp: Path, stages: list[str], **extravars: Any) -> dict[str, dict[str
 def test_train_depends_on_convert_exactly_when_it_trains_from_the_converted_draft(
     tmp_path: Path,
 ) -> None:
-    assert "train" in STAGE_GRAPH, "roles/specfleet/vars/main/stages.yml declares no specfleet_stages"
+    assert "train" in STAGE_GRAPH, f"{STAGES_FILE} declares no specfleet_stages"
     declared = STAGE_GRAPH["train"]
     assert declared["needs_if"] == {"convert": "train_from_converted"}, declared
     assert "convert" not in declared["needs"], declared
@@ -344,7 +344,7 @@ def test_train_depends_on_convert_exactly_when_it_trains_from_the_converted_draf
 
 def test_every_stage_takes_its_upstream_from_the_one_declaration(tmp_path: Path) -> None:
     """No role lists upstream stages itself; each stage's derived upstream is its declaration."""
-    assert STAGE_GRAPH, "roles/specfleet/vars/main/stages.yml declares no specfleet_stages"
+    assert STAGE_GRAPH, f"{STAGES_FILE} declares no specfleet_stages"
     literal = re.compile(r"selectattr\('key', 'in', \[")
     for path in sorted((REPO / "roles").glob("*/tasks/*.yml")):
         assert not literal.search(path.read_text()), f"{path} lists upstream stages itself"
