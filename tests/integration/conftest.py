@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from siteruns import free_port
+from siteruns import LOW_HOST_FLOORS, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MOCK_NPU_DIR = Path(__file__).resolve().parent / "mock_npu"
@@ -240,12 +240,8 @@ class MockNpuHost:
             "npu_env_npu_smi": str(MOCK_NPU_SMI),
             "specfleet_cann_env_files": self.cann_env_files,
             "specfleet_npu_python": str(self.npu_python),
-            # This machine is not an A2 server: group_vars' npu thresholds (40 + 20 GB disk,
-            # 32 GB RAM) say nothing about the mock. Low values keep the run about the NPU path;
-            # the disk case overrides them with extra vars.
-            "specfleet_disk_required_gb": {"npu": 1, "cpu": 1},
-            "specfleet_models_disk_required_gb": {"npu": 1, "cpu": 1},
-            "specfleet_ram_required_gb": {"npu": 1, "cpu": 1},
+            # The disk case overrides the low floors with extra vars.
+            **LOW_HOST_FLOORS,
             **self.ports,
         }
         for key, value in (overrides or {}).items():

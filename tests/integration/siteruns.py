@@ -16,6 +16,15 @@ from typing import Any, Callable
 HOST = "localhost"
 REPO = Path(__file__).resolve().parents[2]
 STARTED_STAGE = re.compile(r"TASK \[stage : Start: (\w+)\]")
+# This machine is no Ascend server, and what it is busy with at the moment must not fail a
+# run's host checks: the fleet defaults' npu floors (40 GB disk, 20 GB for the models, 32 GB RAM)
+# say nothing here, so the integration runs set every floor to 1 GB unless the case is about
+# a floor. All three: the CI machine's /tmp once had 15 GB free, under the models' 20 GB.
+LOW_HOST_FLOORS: dict[str, dict[str, int]] = {
+    "specfleet_disk_required_gb": {"npu": 1, "cpu": 1},
+    "specfleet_models_disk_required_gb": {"npu": 1, "cpu": 1},
+    "specfleet_ram_required_gb": {"npu": 1, "cpu": 1},
+}
 
 
 def flat(text: str) -> str:

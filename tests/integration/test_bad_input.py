@@ -62,7 +62,7 @@ from typing import Any
 
 import pytest
 import yaml
-from siteruns import free_port
+from siteruns import LOW_HOST_FLOORS, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -445,8 +445,7 @@ def good_run(tmp: Path) -> Run:
         f"specfleet_serve_port={free_port()}",
         as_json(
             {
-                "specfleet_disk_required_gb": {"npu": 1, "cpu": 1},
-                "specfleet_ram_required_gb": {"npu": 1, "cpu": 1},
+                **LOW_HOST_FLOORS,
             }
         ),
     )

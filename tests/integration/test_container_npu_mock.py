@@ -52,6 +52,7 @@ from typing import Any
 import pytest
 import yaml
 from conftest import MOCK_DISTRIBUTIONS, free_port
+from siteruns import LOW_HOST_FLOORS
 from test_speculators_sources import TAG, run, speculators_git_repo  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.integration
@@ -256,9 +257,7 @@ class Fleet:
             "speculators_install_source": "git",
             "speculators_install_git_repo": self.git_repo.as_uri(),
             "speculators_install_git_ref": TAG,
-            # This machine is no Ascend server: the groups' disk and RAM needs say nothing here.
-            "specfleet_disk_required_gb": {"npu": 1, "cpu": 1},
-            "specfleet_ram_required_gb": {"npu": 1, "cpu": 1},
+            **LOW_HOST_FLOORS,
             "specfleet_hidden_states_port": host.ports[0],
             "specfleet_serve_port": host.ports[1],
         }

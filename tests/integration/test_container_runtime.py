@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from siteruns import LOW_HOST_FLOORS
 
 pytestmark = pytest.mark.integration
 
@@ -96,8 +97,7 @@ class ContainerHost:
             "specfleet_container_python": "/usr/bin/python3",
             "npu_env_container_cache_dir": str(self.cache),
             "npu_env_container_shm_size": "256m",
-            "specfleet_disk_required_gb": {"npu": 1, "cpu": 1},
-            "specfleet_ram_required_gb": {"npu": 1, "cpu": 1},
+            **LOW_HOST_FLOORS,
             "specfleet_hidden_states_port": 18701,
             "specfleet_serve_port": 18702,
             **extra,

@@ -48,7 +48,7 @@ from typing import Any
 import pytest
 import yaml
 from fake_modelscope import FakeModelScope
-from siteruns import free_port
+from siteruns import LOW_HOST_FLOORS, free_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -248,8 +248,7 @@ class ModelsHost:
             "specfleet_venv": str(self.venv),
             "specfleet_hidden_states_port": free_port(),
             "specfleet_serve_port": free_port(),
-            "specfleet_disk_required_gb": {"cpu": 1, "npu": 1},
-            "specfleet_ram_required_gb": {"cpu": 1, "npu": 1},
+            **LOW_HOST_FLOORS,
         }
         self.inventory = self.tmp / "inventory.yml"
         self.inventory.write_text(yaml.safe_dump({"all": {"hosts": {HOST: hostvars}}}))

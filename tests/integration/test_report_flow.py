@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 import yaml
-from siteruns import free_port, playbook_env
+from siteruns import LOW_HOST_FLOORS, free_port, playbook_env
 
 pytestmark = pytest.mark.integration
 
@@ -117,8 +117,7 @@ def relaxed() -> tuple[str, ...]:
         f"specfleet_serve_port={free_port()}",
         json.dumps(
             {
-                "specfleet_disk_required_gb": {"npu": 1, "cpu": 1},
-                "specfleet_ram_required_gb": {"npu": 1, "cpu": 1},
+                **LOW_HOST_FLOORS,
             }
         ),
     )

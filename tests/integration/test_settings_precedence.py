@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from siteruns import free_port, playbook_env
+from siteruns import LOW_HOST_FLOORS, free_port, playbook_env
 
 pytestmark = pytest.mark.integration
 
@@ -79,8 +79,7 @@ def test_inventory_group_vars_set_the_work_root(tmp_path: Path) -> None:
     extravars = {
         "specfleet_hidden_states_port": free_port(),
         "specfleet_serve_port": free_port(),
-        "specfleet_disk_required_gb": {"npu": 1, "cpu": 1},
-        "specfleet_ram_required_gb": {"npu": 1, "cpu": 1},
+        **LOW_HOST_FLOORS,
         "specfleet_reports_dir": str(tmp_path / "reports"),
     }
     run = play("playbooks/provision.yml", inventory, "--check", "-e", json.dumps(extravars))
