@@ -26,6 +26,7 @@ was expected; and the work root must not exist afterwards, which proves no host 
   forced stages          specfleet_force_stages naming a stage that is not declared
   NPU devices            specfleet_npu_devices=0,1 (a string, not all or a list of ids)
   memory share           serve_gpu_memory_utilization=1.5
+  floors of 1            serve_timeout_s=0 and serve_smoke_max_tokens=0, both named in one error
   malformed data row     data_source=file with a JSONL file whose line 3 is not JSON (the
                          error names the file and the line)
   no effect in the mode  a setting only another mode reads, refused naming the setting that
@@ -295,6 +296,15 @@ CASES = (
         ("serve_gpu_memory_utilization=1.5",),
         "serve",
         ("serve_gpu_memory_utilization", "is 1.5", "expected a share in (0, 1]"),
+    ),
+    Case(
+        "serve-timeout-and-max-tokens-0",
+        ("serve_timeout_s=0", "serve_smoke_max_tokens=0"),
+        "serve",
+        (
+            "serve_timeout_s is 0, expected >= 1",
+            "serve_smoke_max_tokens is 0, expected >= 1",
+        ),
     ),
     Case(
         "malformed-data-row",
