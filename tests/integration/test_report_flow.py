@@ -10,6 +10,10 @@ reports directory under tmp_path; none needs a pipeline, so each takes seconds:
   every host unreachable  two inventory hosts whose ssh port nothing listens on: the report is
                        written (Ansible would otherwise end the run before it: "NO MORE HOSTS
                        LEFT"), both hosts red "unreachable" with the connection error.
+  host lost mid-run    after a refused run's report, a host that answers the provision play and
+                       is unreachable from the pipeline play on: Ansible ends the playbook
+                       before validate.yml, the specfleet_report_net callback writes the report
+                       (ended_early says where), `latest` moves to it, npu_env is shown passed.
   --check              on a reports directory that already holds a report: the check report
                        goes to <reports>/check/<id> with check/latest; `latest` is unchanged.
   --tags serve         on a fresh root: serve stops before any work (no venv, no models, no
@@ -115,11 +119,7 @@ def relaxed() -> tuple[str, ...]:
     return (
         f"specfleet_hidden_states_port={free_port()}",
         f"specfleet_serve_port={free_port()}",
-        json.dumps(
-            {
-                **LOW_HOST_FLOORS,
-            }
-        ),
+        json.dumps(LOW_HOST_FLOORS),
     )
 
 
@@ -141,6 +141,29 @@ def unreachable(tmp: Path) -> Run:
     inventory = work / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"gone-a": host, "gone-b": host}}}))
     return play(work, "unreachable", (), inventory=inventory)
+
+
+def lost_mid_run(tmp: Path) -> tuple[Run, str, Run]:
+    """A refused run leaves a report; then a run whose host is lost when the pipeline play
+    starts: its connection is local until then and ssh to a closed port from then on, so the
+    host answers the provision play (npu_env) and is unreachable at the pipeline's first
+    task, and Ansible ends the playbook there, before validate.yml."""
+    work = tmp / "lost"
+    work.mkdir(parents=True)
+    first = play(work, "lost-first", ("serve_gpu_memory_utilization=1.5",))
+    older = os.readlink(first.reports / "latest") if (first.reports / "latest").is_symlink() else ""
+    host = {
+        "ansible_connection": "{{ 'ssh' if ansible_play_name is search('pipeline') else 'local' }}",
+        "ansible_host": "127.0.0.1",
+        "ansible_port": closed_port(),
+        "ansible_python_interpreter": str(REPO / ".venv" / "bin" / "python"),
+        "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+        "specfleet_accelerator": "cpu",
+    }
+    inventory = work / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"all": {"hosts": {"lost-a": host}}}))
+    lost = play(work, "lost", relaxed(), "--tags", "npu_env", inventory=inventory)
+    return first, older, lost
 
 
 def check_after_report(tmp: Path) -> tuple[Run, Run]:
@@ -167,6 +190,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[
             "check": pool.submit(check_after_report, tmp),
             "refused": pool.submit(refused, tmp),
             "unreachable": pool.submit(unreachable, tmp),
+            "lost": pool.submit(lost_mid_run, tmp),
         }
         yield futures
 
@@ -221,6 +245,31 @@ def test_every_host_unreachable_is_reported_red(runs: dict[str, Future[Any]]) ->
         assert all(s["status"] == "unreachable" for s in host["stages"].values()), host
         assert host["stages"]["npu_env"]["detail"].startswith("host unreachable: "), host
         assert f"{name} is not green: unreachable: " in run.flat(), run.tail()
+
+
+def test_a_host_lost_mid_run_still_gets_a_report_and_latest_moves(
+    runs: dict[str, Future[Any]],
+) -> None:
+    first, older, run = finished(runs, "lost")
+    assert first.rc not in (0, -1) and older, first.tail()
+    assert run.rc not in (0, -1), run.tail()
+    # Ansible ended the playbook in the pipeline play: validate.yml never started.
+    assert "PLAY [Validate the fleet" not in run.stdout, run.tail()
+    assert "specfleet: the run ended before its report" in run.flat(), run.tail()
+    latest = os.readlink(run.reports / "latest")
+    assert latest != older and (run.reports / older / "fleet.json").is_file(), (latest, older)
+    doc = report(run.reports)
+    assert doc["report_id"] == latest, doc["report_id"]
+    assert not doc["green"], doc
+    assert "Run the DFlash pipeline" in (doc["ended_early"] or ""), doc["ended_early"]
+    host = host_of(doc, "lost-a")
+    assert not host["reachable"] and host["not_green_reason"] == "unreachable", host
+    assert "Connection refused" in (host["error"] or ""), host
+    # what the run did before it lost the host is kept: npu_env ran in the provision play
+    assert host["stages"]["npu_env"]["status"] == "passed", host["stages"]["npu_env"]
+    assert host["stages"]["models"]["status"] == "unreachable", host["stages"]["models"]
+    md = (run.reports / latest / "fleet.md").read_text()
+    assert "The run ended before its report" in md, md
 
 
 def test_check_mode_writes_its_report_apart_and_keeps_latest(

@@ -758,3 +758,23 @@ def test_the_schema_file_is_what_the_input_is_checked_against(tmp_path, capsys):
     result = run(tmp_path, doc, capsys=capsys)
     assert result.rc == 2
     assert "hosts[\"a2-node1\"].verification.train: missing key 'status'" in result.err
+
+
+def test_a_run_that_ended_before_its_report_is_never_green(tmp_path, capsys):
+    """The specfleet_report_net callback's report: even hosts whose stages all passed do not
+    make it green, and fleet.md says where the run ended."""
+    where = "at play 'Run the DFlash pipeline', task 'session : Take the host lock'"
+    rc, line, out, _ = run(tmp_path, {**green_fleet(), "ended_early": where}, capsys=capsys)
+    assert rc == 0 and line["green"] is False, line
+    report = fleet_json(out)
+    assert report["ended_early"] == where and not report["green"], report["ended_early"]
+    assert all(h["green"] for h in report["hosts"]), "the hosts' own verdicts are kept"
+    md = (out / "fleet.md").read_text()
+    assert "**NOT GREEN**: the run ended before its report\n" in md, md
+    assert f"**The run ended before its report**: {fleet_report.md_text(where)}" in md, md
+
+
+def test_a_full_run_has_no_ended_early(tmp_path):
+    report = fleet_json(run(tmp_path, green_fleet()).out)
+    assert report["ended_early"] is None and report["green"], report["ended_early"]
+    assert "ended before its report" not in (tmp_path / "report" / "fleet.md").read_text()

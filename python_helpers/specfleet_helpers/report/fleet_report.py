@@ -146,6 +146,7 @@ def validate(doc: Any) -> dict[str, Any]:
         "check_mode": _or(doc, "check_mode", False),
         "limit": doc.get("limit"),
         "tags": _or(doc, "tags", []),
+        "ended_early": doc.get("ended_early"),
         "stages": doc["stages"],
         "hosts": {},
     }
@@ -628,7 +629,9 @@ def build_report(
         "check_mode": doc["check_mode"],
         "limit": doc["limit"],
         "tags": doc["tags"],
-        "green": bool(hosts) and n_green == len(hosts),
+        "ended_early": doc["ended_early"],
+        # a run that ended before its report checked nothing it did not reach
+        "green": bool(hosts) and n_green == len(hosts) and not doc["ended_early"],
         "stages": stages,
         "totals": {
             "hosts": len(hosts),
@@ -797,6 +800,8 @@ def verdict(report: dict[str, Any]) -> str:
         if items:
             count = f"{len(items)} of {total} hosts" if not parts else str(len(items))
             parts.append(f"{count} {label} ({_names(items)})")
+    if report.get("ended_early"):
+        parts.append("the run ended before its report")
     prefix = "check mode, " if report["check_mode"] else ""
     return f"**NOT GREEN**: {prefix}{'; '.join(parts)}"
 

@@ -1,0 +1,63 @@
+"""Tests for the specfleet_report_net callback's parts that need no Ansible run: the report
+id, a lost host's input entry and the `latest` link. The whole callback is exercised by
+tests/integration/test_report_flow.py (a host lost mid-run).
+
+The plugin imports ansible, so run these with the controller venv's Python.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ansible")
+
+PLUGIN = Path(__file__).resolve().parents[2] / "callback_plugins" / "specfleet_report_net.py"
+
+
+@pytest.fixture(scope="module")
+def net():
+    spec = importlib.util.spec_from_file_location("specfleet_report_net", PLUGIN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_report_id_has_validate_ymls_shape(net):
+    rid = net.report_id(datetime(2026, 12, 2, 6, 52, 0, tzinfo=timezone.utc))
+    assert re.fullmatch(r"20261202T065200Z-[0-9a-f]{6}", rid), rid
+
+
+def test_a_lost_host_carries_its_connection_error_and_what_it_ran(net):
+    ran = {"npu_env": {"status": "ran", "reason": "host environment changed"}}
+    entry = net.host_input(["atlas-a2"], "ssh: connect to host 10.0.0.5 port 22", ran, {})
+    assert entry["reachable"] is False and entry["state"] is None, entry
+    assert entry["unreachable_error"].startswith("ssh: connect"), entry
+    assert entry["run"] == ran and entry["groups"] == ["atlas-a2"], entry
+
+
+def test_a_host_found_unreachable_earlier_keeps_that_error(net):
+    stopped = {"why": "unreachable", "stage": None, "error": "Connection timed out"}
+    entry = net.host_input(["atlas-a3"], None, {}, stopped)
+    assert entry["reachable"] is False and entry["unreachable_error"] == "Connection timed out"
+
+
+def test_a_host_still_in_play_is_reachable(net):
+    refused = {"why": "refused", "stage": "serve", "error": "serve settings: ..."}
+    entry = net.host_input(["ascend-950"], None, {}, refused)
+    assert entry["reachable"] is True and entry["unreachable_error"] is None, entry
+
+
+def test_latest_is_replaced_in_one_rename(net, tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    (tmp_path / "latest").symlink_to("old")
+    net.point_latest(tmp_path, "new")
+    assert os.readlink(tmp_path / "latest") == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "new", "old"]
