@@ -5,16 +5,14 @@ The plugin imports ansible, so run these with the controller venv's Python.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import pytest
+from callback_loader import load_callback
 
 pytest.importorskip("ansible")
 
-PLUGIN = Path(__file__).resolve().parents[2] / "callback_plugins" / "specfleet_progress.py"
 CONTROLLER_PID = "SPECFLEET_CONTROLLER_PID"
 
 
@@ -32,11 +30,7 @@ def _load_plugin():
 
 
 def _exec_plugin():
-    spec = importlib.util.spec_from_file_location("specfleet_progress", PLUGIN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_callback("specfleet_progress")
 
 
 progress_line = _load_plugin().progress_line

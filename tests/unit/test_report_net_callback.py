@@ -7,26 +7,19 @@ The plugin imports ansible, so run these with the controller venv's Python.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
+from callback_loader import load_callback
 
 pytest.importorskip("ansible")
-
-PLUGIN = Path(__file__).resolve().parents[2] / "callback_plugins" / "specfleet_report_net.py"
 
 
 @pytest.fixture(scope="module")
 def net():
-    spec = importlib.util.spec_from_file_location("specfleet_report_net", PLUGIN)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_callback("specfleet_report_net")
 
 
 def test_report_id_has_validate_ymls_shape(net):
