@@ -796,11 +796,13 @@ def test_h_disk_preflight_measures_the_cache(
             "preflight disk",
             str(host.cache),
             "specfleet_modelscope_cache",
-            "specfleet_modelscope_cache",
             "99999 GB",
             "specfleet_models_disk_required_gb.cpu",
         ):
             assert expected in message, (expected, message)
+        # One name per setting: no role-level alias is offered (there is none to set).
+        for alias in ("for this role alone", "fleet-wide specfleet_modelscope_cache"):
+            assert alias not in message, (alias, message)
         if where == "shared":
             # One filesystem holds both: the work root's need is added to the models'.
             assert f"specfleet_root={host.root}" in message, message
