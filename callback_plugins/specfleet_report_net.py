@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
@@ -42,7 +41,13 @@ requirements:
 """
 
 REPO = Path(__file__).resolve().parents[1]
+HELPERS = REPO / "python_helpers"
 VALIDATE_ROLE = "validate"
+
+# The project's one atomic write (a leaf module, standard library only).
+if str(HELPERS) not in sys.path:
+    sys.path.append(str(HELPERS))
+from specfleet_helpers.files import atomic_path, write_atomic  # noqa: E402
 
 
 def report_id(now: datetime) -> str:
@@ -76,12 +81,13 @@ def report_input(
     stages: list[str],
     hosts: dict[str, dict[str, Any]],
     ended_early: str,
+    check_mode: bool,
 ) -> dict[str, Any]:
     return {
         "report_id": rid,
         "generated": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "playbook": playbook,
-        "check_mode": bool(context.CLIARGS.get("check")),
+        "check_mode": check_mode,
         "limit": context.CLIARGS.get("subset"),
         "tags": [t for t in context.CLIARGS.get("tags") or [] if t != "all"],
         "stages": stages,
@@ -92,10 +98,8 @@ def report_input(
 
 def point_latest(base: Path, rid: str) -> None:
     """base/latest -> rid, replaced in one rename."""
-    tmp = base / f".latest-{os.getpid()}"
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(rid)
-    os.replace(tmp, base / "latest")
+    with atomic_path(base / "latest") as tmp:
+        tmp.symlink_to(rid)
 
 
 class CallbackModule(CallbackBase):
@@ -194,20 +198,19 @@ class CallbackModule(CallbackBase):
             )
         now = datetime.now(timezone.utc)
         rid = report_id(now)
-        base = reports / "check" if context.CLIARGS.get("check") else reports
+        check_mode = bool(context.CLIARGS.get("check"))
+        base = reports / "check" if check_mode else reports
         out = base / rid
         out.mkdir(parents=True, exist_ok=True)
         ended = (
             f"at {self._where} every host of the play was lost or had failed, and Ansible "
             "ended the playbook before its validate play"
         )
-        doc = report_input(rid, now, self._playbook, stages, hosts, ended)
-        with tempfile.NamedTemporaryFile("w", dir=out, suffix=".json", delete=False) as tmp:
-            json.dump(doc, tmp, default=str)
-        os.replace(tmp.name, out / "hosts.json")
+        doc = report_input(rid, now, self._playbook, stages, hosts, ended, check_mode)
+        write_atomic(out / "hosts.json", json.dumps(doc, default=str))
         env = {
             **os.environ,
-            "PYTHONPATH": str(REPO / "python_helpers"),
+            "PYTHONPATH": str(HELPERS),
             "PYTHONDONTWRITEBYTECODE": "1",
         }
         command = [sys.executable, "-m", "specfleet_helpers.report.fleet_report"]
