@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup run check lint docs unit integration test-reliability molecule molecule-local molecule-container test-hosts-deps test-images test clean
+.PHONY: setup run check bench lint docs unit integration test-reliability molecule molecule-local molecule-container test-hosts-deps test-images test clean
 
 setup:  ## controller venv (ansible-core, molecule, testinfra, linters) + collections
 	@scripts/setup-controller
@@ -16,12 +16,15 @@ run: setup  ## the whole job on this machine, CPU profile
 check: setup  ## what a run would change, without changing it
 	$(BIN)/ansible-playbook site.yml -i inventory/local.yml --check
 
+bench: setup  ## wall time: forced full runs vs the bare shell pipeline (3 pairs), no-op re-runs, the 3-host no-op when its hosts are up; writes docs/benchmarks.md
+	$(BIN)/python scripts/bench
+
 lint: setup
 	scripts/role-docs --check
 	$(BIN)/ansible-lint
 	$(BIN)/yamllint -s .
-	$(BIN)/ruff check python_helpers tests callback_plugins plugins molecule
-	$(BIN)/ruff format --check python_helpers tests callback_plugins plugins molecule
+	$(BIN)/ruff check python_helpers tests callback_plugins plugins molecule scripts/bench
+	$(BIN)/ruff format --check python_helpers tests callback_plugins plugins molecule scripts/bench
 
 docs: setup  ## regenerate roles/*/README.md from each role's meta/argument_specs.yml (aar-doc)
 	scripts/role-docs

@@ -18,7 +18,7 @@ import pytest
 DEFAULT_ROOT = "/var/lib/specfleet"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def root(host) -> str:
     roots = json.loads(os.environ.get("SPECFLEET_ROOTS") or "{}")
     if host.backend.get_hostname() in roots:
@@ -45,12 +45,12 @@ def read_json(host, path: str) -> dict[str, Any]:
         ) from exc
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def npu_env_state(host, root) -> dict[str, Any]:
     return read_json(host, f"{root}/state/npu_env.json")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def stamp(host, root):
     def load(stage: str) -> dict[str, Any]:
         return read_json(host, f"{root}/state/{stage}.json")
