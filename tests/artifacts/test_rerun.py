@@ -5,12 +5,14 @@ Skipped on hosts where train ran with the default single epoch.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 UPSTREAM_OF_TRAIN = ["speculators_install", "models", "convert", "data", "hidden_states"]
 
 
-def test_changed_epochs_redid_exactly_train_and_serve(stamp):
+def test_changed_epochs_redid_exactly_train_and_serve(host, stamp):
     train = stamp("train")
     if train["inputs"]["epochs"] == 1:
         pytest.skip("train_epochs was not changed on this host")
@@ -19,6 +21,10 @@ def test_changed_epochs_redid_exactly_train_and_serve(stamp):
     serve = stamp("serve")
     assert serve["reason"] == "inputs changed: upstream", serve["reason"]
     assert serve["inputs"]["upstream"]["train"] == train["run_id"]
+    if serve["inputs"]["lossless"] is not None:
+        # Same verifier, vLLM and prompts: the plain verifier's greedy outputs were kept.
+        result = json.loads(host.file(serve["artifacts"]["result"]).content_string)
+        assert result["lossless"]["plain"] == "kept", result["lossless"]
     for name in UPSTREAM_OF_TRAIN:
         earlier = stamp(name)
         assert earlier["ended"] <= train["started"], (

@@ -124,3 +124,108 @@ def test_verify_still_checks_the_smoke_completion(checks, tmp_path):
     serve_result.combine(short, checks["metrics"], None, None, checks["out"], auth=checks["auth"])
     with pytest.raises(ValueError, match=r"finish_reason is .stop.*completion_tokens is 3"):
         serve_result.verify(checks["out"], 8, False, require_api_key=True)
+
+
+# --- the plain verifier's greedy outputs, kept between serve runs ---------------------------
+
+GREEDY = {"ok": True, "outputs": [{"prompt": "Hello", "text": " a b", "token_ids": [3, 4]}]}
+IDENTITY = {"install": "run-1", "prompts": ["Hello"], "max_tokens": 16}
+
+
+def models_stamp(tmp_path: Path) -> tuple[Path, Path]:
+    verifier = tmp_path / "models" / "verifier"
+    files = {
+        f"{verifier}/config.json": {"sha256": "c0" * 32, "size": 900},
+        f"{verifier}/model.safetensors": {"sha256": "aa" * 32, "size": 2_000_000},
+        f"{verifier}-shards/model-00001.safetensors": {"size": 16},  # another directory
+        f"{tmp_path}/models/draft/model.safetensors": {"sha256": "dd" * 32, "size": 10},
+    }
+    stamp = tmp_path / "models.json"
+    stamp.write_text(json.dumps({"stage": "models", "manifest": {"files": files}}))
+    return stamp, verifier
+
+
+def test_reference_key_is_the_verifiers_recorded_files_and_the_identity(tmp_path):
+    stamp, verifier = models_stamp(tmp_path)
+    key = serve_result.reference_key(stamp, verifier, IDENTITY)
+    assert key == serve_result.reference_key(stamp, Path(f"{verifier}/"), IDENTITY)
+    assert key != serve_result.reference_key(stamp, verifier, {**IDENTITY, "install": "run-2"})
+    assert key != serve_result.reference_key(stamp, verifier, {**IDENTITY, "max_tokens": 8})
+    # The same verifier directory with other weights: another key.
+    retrained = json.loads(stamp.read_text())
+    retrained["manifest"]["files"][f"{verifier}/model.safetensors"]["sha256"] = "bb" * 32
+    other_weights = tmp_path / "models-other.json"
+    other_weights.write_text(json.dumps(retrained))
+    assert key != serve_result.reference_key(other_weights, verifier, IDENTITY)
+    # The draft, and a directory that only shares the verifier's name prefix, are not in it.
+    only_verifier = json.loads(stamp.read_text())
+    only_verifier["manifest"]["files"] = {
+        k: v for k, v in only_verifier["manifest"]["files"].items() if k.startswith(f"{verifier}/")
+    }
+    stamp.write_text(json.dumps(only_verifier))
+    assert key == serve_result.reference_key(stamp, verifier, IDENTITY)
+
+
+def test_no_key_without_recorded_verifier_files(tmp_path):
+    stamp = tmp_path / "models.json"
+    stamp.write_text(json.dumps({"stage": "models"}))  # an older stamp: no manifest
+    assert serve_result.reference_key(stamp, tmp_path / "verifier", IDENTITY) is None
+    assert serve_result.take_reference(tmp_path / "kept", None, tmp_path / "out.json") is None
+    assert serve_result.keep_reference(tmp_path / "kept", None, tmp_path / "x.json") is None
+    assert not (tmp_path / "kept").exists()
+
+
+def test_kept_outputs_are_taken_by_the_same_key_only(tmp_path):
+    source = write(tmp_path / "greedy_plain.json", GREEDY)
+    kept = serve_result.keep_reference(tmp_path / "kept", "k1", source)
+    assert kept == tmp_path / "kept" / "k1.json"
+    out = tmp_path / "out.json"
+    assert serve_result.take_reference(tmp_path / "kept", "k2", out) is None
+    assert not out.exists()
+    assert serve_result.take_reference(tmp_path / "kept", "k1", out) == kept
+    assert serve_result.last_json(out) == GREEDY
+
+
+def test_damaged_kept_outputs_are_dropped_not_taken(tmp_path):
+    kept_dir = tmp_path / "kept"
+    kept_dir.mkdir()
+    (kept_dir / "k1.json").write_text('{"outputs": [')  # cut short
+    assert serve_result.take_reference(kept_dir, "k1", tmp_path / "out.json") is None
+    assert not (kept_dir / "k1.json").exists()
+    with pytest.raises(ValueError, match="no greedy outputs"):
+        serve_result.keep_reference(kept_dir, "k1", write(tmp_path / "e.json", {"outputs": []}))
+
+
+def test_reference_cli_take_exits_3_until_kept(tmp_path):
+    stamp, verifier = models_stamp(tmp_path)
+    common = [
+        "--dir", str(tmp_path / "kept"), "--models-stamp", str(stamp),
+        "--verifier", str(verifier), "--identity", json.dumps(IDENTITY),
+    ]  # fmt: skip
+    out = tmp_path / "out.json"
+    taken = run_cli("take-reference", *common, "--out", str(out))
+    assert taken.returncode == 3 and taken.stdout == "", taken
+    source = write(tmp_path / "greedy_plain.json", GREEDY)
+    kept = run_cli("keep-reference", *common, "--from", str(source))
+    assert kept.returncode == 0, kept.stderr
+    taken = run_cli("take-reference", *common, "--out", str(out))
+    assert taken.returncode == 0, taken.stderr
+    assert taken.stdout.strip() == kept.stdout.strip() != ""
+    assert serve_result.last_json(out) == GREEDY
+
+
+def test_combine_records_where_the_plain_outputs_came_from(tmp_path):
+    with_draft = write(tmp_path / "with_draft.json", GREEDY)
+    plain = write(tmp_path / "plain.json", GREEDY)
+    chat, metrics = write(tmp_path / "chat.json", CHAT), write(tmp_path / "m.json", METRICS)
+    out = tmp_path / "result.json"
+    served = serve_result.combine(chat, metrics, with_draft, plain, out)
+    assert served["lossless"]["plain"] == "served" and served["lossless"]["equal"]
+    kept = run_cli(
+        "combine", "--chat", str(chat), "--metrics", str(metrics),
+        "--greedy-with-draft", str(with_draft), "--greedy-plain", str(plain),
+        "--plain-source", "kept", "--out", str(out),
+    )  # fmt: skip
+    assert kept.returncode == 0, kept.stderr
+    assert json.loads(out.read_text())["lossless"]["plain"] == "kept"
+    assert serve_result.verify(out, 8, require_lossless=True)["lossless"] is True

@@ -7,12 +7,20 @@ greedy outputs with and without the draft). `combine` writes them as one result.
 length with exactly max_tokens tokens, the draft proposed tokens (drafts > 0), with
 --require-api-key the server refused requests without its key (HTTP 401), and, when
 checked, the draft server's greedy tokens equal the plain verifier's.
+
+The plain verifier's greedy outputs depend only on the verifier's files, the vLLM install,
+the server's arguments and the prompts, so they are kept (`keep-reference`) under a key made
+of exactly those (`reference_key`: the verifier's files as the models stamp recorded them,
+sha256 or size, plus an identity the serve role builds), and a later serve run with the same
+key takes them (`take-reference`) instead of starting a second server. A draft retrained on
+an unchanged verifier is then checked against the kept outputs.
 Standard library only.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -54,14 +62,72 @@ def combine(
     plain: Optional[Path],
     out: Path,
     auth: Optional[Path] = None,
+    plain_source: str = "served",
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"chat": last_json(chat), "metrics": last_json(metrics)}
     if auth is not None:
         result["auth"] = last_json(auth)
     if spec is not None and plain is not None:
-        result["lossless"] = lossless(last_json(spec), last_json(plain))
+        result["lossless"] = {**lossless(last_json(spec), last_json(plain)), "plain": plain_source}
     files.write_json_atomic(out, result, indent=1)
     return result
+
+
+# Bumped when what a reference holds, or how it is keyed, changes: older ones are not taken.
+REFERENCE_FORMAT = 1
+
+
+def reference_key(models_stamp: Path, verifier: Path, identity: Any) -> Optional[str]:
+    """The key of the plain verifier's greedy outputs, or None when the models stamp does not
+    record the verifier's files (then nothing is kept or taken)."""
+    stamp = json.loads(models_stamp.read_text())
+    recorded = (stamp.get("manifest") or {}).get("files") or {}
+    prefix = str(verifier).rstrip("/") + "/"
+    verifier_files = {
+        path[len(prefix) :]: entry.get("sha256") or entry.get("size")
+        for path, entry in recorded.items()
+        if path.startswith(prefix) and isinstance(entry, dict)
+    }
+    if not verifier_files:
+        return None
+    keyed = {"format": REFERENCE_FORMAT, "verifier": verifier_files, "identity": identity}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
+
+
+def _greedy_outputs(path: Path) -> dict[str, Any]:
+    data = last_json(path)
+    outputs = data.get("outputs")
+    if not isinstance(outputs, list) or not outputs:
+        raise ValueError(f"{path} holds no greedy outputs")
+    return data
+
+
+def take_reference(directory: Path, key: Optional[str], out: Path) -> Optional[Path]:
+    """Copy the kept outputs of `key` to `out`; the kept file, or None when there is none.
+    A kept file that does not read as greedy outputs is removed, so the server runs again."""
+    if key is None:
+        return None
+    kept = directory / f"{key}.json"
+    try:
+        data = _greedy_outputs(kept)
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        kept.unlink(missing_ok=True)
+        return None
+    files.write_json_atomic(out, data)
+    return kept
+
+
+def keep_reference(directory: Path, key: Optional[str], source: Path) -> Optional[Path]:
+    """Keep the plain verifier's greedy outputs in `source` under `key` (atomically)."""
+    if key is None:
+        return None
+    data = _greedy_outputs(source)
+    directory.mkdir(parents=True, exist_ok=True)
+    kept = directory / f"{key}.json"
+    files.write_json_atomic(kept, data)
+    return kept
 
 
 def api_key_enforced(result: dict[str, Any]) -> bool:
@@ -129,6 +195,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     c.add_argument("--greedy-with-draft", type=Path)
     c.add_argument("--greedy-plain", type=Path)
     c.add_argument("--auth", type=Path, help="serve_check auth output (with an API key)")
+    c.add_argument(
+        "--plain-source",
+        choices=["served", "kept"],
+        default="served",
+        help="whether --greedy-plain came from a plain server now or was kept from an earlier run",
+    )
     c.add_argument("--out", type=Path, required=True)
     v = sub.add_parser("verify", help="exit 1 unless result.json shows a passing smoke test")
     v.add_argument("--result", type=Path, required=True)
@@ -139,8 +211,41 @@ def main(argv: Optional[list[str]] = None) -> int:
         action="store_true",
         help="fail unless a request without the API key was refused (HTTP 401)",
     )
+    for name, what in (
+        (
+            "take-reference",
+            "copy the kept plain-verifier outputs to --out, print their file; exit 3 if none",
+        ),
+        ("keep-reference", "keep the plain-verifier greedy outputs of --from for later runs"),
+    ):
+        r = sub.add_parser(name, help=what)
+        r.add_argument("--dir", type=Path, required=True, help="where kept outputs live")
+        r.add_argument(
+            "--models-stamp", type=Path, required=True, help="<specfleet_root>/state/models.json"
+        )
+        r.add_argument("--verifier", type=Path, required=True, help="the verifier's directory")
+        r.add_argument(
+            "--identity",
+            type=json.loads,
+            required=True,
+            help="JSON: the vLLM install, server arguments and prompts the outputs depend on",
+        )
+        if name == "take-reference":
+            r.add_argument("--out", type=Path, required=True)
+        else:
+            r.add_argument("--from", dest="source", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
+        if args.command in ("take-reference", "keep-reference"):
+            key = reference_key(args.models_stamp, args.verifier, args.identity)
+            if args.command == "take-reference":
+                kept = take_reference(args.dir, key, args.out)
+            else:
+                kept = keep_reference(args.dir, key, args.source)
+            if kept is None:
+                return 3 if args.command == "take-reference" else 0
+            print(kept)
+            return 0
         if args.command == "combine":
             out = combine(
                 args.chat,
@@ -149,6 +254,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 args.greedy_plain,
                 args.out,
                 auth=args.auth,
+                plain_source=args.plain_source,
             )
         else:
             out = verify(args.result, args.max_tokens, args.require_lossless, args.require_api_key)
