@@ -141,7 +141,10 @@ def models_stamp(tmp_path: Path) -> tuple[Path, Path]:
         f"{tmp_path}/models/draft/model.safetensors": {"sha256": "dd" * 32, "size": 10},
     }
     stamp = tmp_path / "models.json"
-    stamp.write_text(json.dumps({"stage": "models", "manifest": {"files": files}}))
+    inputs = {"source": "modelscope", "modelscope": {"verifier": "Qwen/Qwen3-8B"}}
+    stamp.write_text(
+        json.dumps({"stage": "models", "inputs": inputs, "manifest": {"files": files}})
+    )
     return stamp, verifier
 
 
@@ -157,6 +160,15 @@ def test_reference_key_is_the_verifiers_recorded_files_and_the_identity(tmp_path
     other_weights = tmp_path / "models-other.json"
     other_weights.write_text(json.dumps(retrained))
     assert key != serve_result.reference_key(other_weights, verifier, IDENTITY)
+    # Another origin, or the models stage redone after another install: only the origin counts.
+    elsewhere = json.loads(stamp.read_text())
+    elsewhere["inputs"]["modelscope"]["revision"] = "v2"
+    other_weights.write_text(json.dumps(elsewhere))
+    assert key != serve_result.reference_key(other_weights, verifier, IDENTITY)
+    rerun = json.loads(stamp.read_text())
+    rerun["inputs"].update(upstream={"speculators_install": "r2"}, script_sha256="ff" * 32)
+    other_weights.write_text(json.dumps(rerun))
+    assert key == serve_result.reference_key(other_weights, verifier, IDENTITY)
     # The draft, and a directory that only shares the verifier's name prefix, are not in it.
     only_verifier = json.loads(stamp.read_text())
     only_verifier["manifest"]["files"] = {

@@ -11,9 +11,9 @@ checked, the draft server's greedy tokens equal the plain verifier's.
 The plain verifier's greedy outputs depend only on the verifier's files, the vLLM install,
 the server's arguments and the prompts, so they are kept (`keep-reference`) under a key made
 of exactly those (`reference_key`: the verifier's files as the models stamp recorded them,
-sha256 or size, plus an identity the serve role builds), and a later serve run with the same
-key takes them (`take-reference`) instead of starting a second server. A draft retrained on
-an unchanged verifier is then checked against the kept outputs.
+sha256 or size, where the models came from, and an identity the serve role builds); a later
+serve run with the same key takes them (`take-reference`) instead of starting a second
+server. A draft retrained on an unchanged verifier is then checked against the kept outputs.
 Standard library only.
 """
 
@@ -75,6 +75,9 @@ def combine(
 
 # Bumped when what a reference holds, or how it is keyed, changes: older ones are not taken.
 REFERENCE_FORMAT = 1
+# Models stamp inputs that say nothing about the verifier's weights (the run ids of what the
+# models stage ran after, the stage script's own checksum).
+_NOT_ORIGIN = frozenset({"upstream", "script_sha256"})
 
 
 def reference_key(models_stamp: Path, verifier: Path, identity: Any) -> Optional[str]:
@@ -90,7 +93,15 @@ def reference_key(models_stamp: Path, verifier: Path, identity: Any) -> Optional
     }
     if not verifier_files:
         return None
-    keyed = {"format": REFERENCE_FORMAT, "verifier": verifier_files, "identity": identity}
+    # Where the models came from as well: a shard larger than the hash limit is recorded by
+    # size only, and new weights of the same shapes have the same sizes.
+    origin = {k: v for k, v in (stamp.get("inputs") or {}).items() if k not in _NOT_ORIGIN}
+    keyed = {
+        "format": REFERENCE_FORMAT,
+        "verifier": verifier_files,
+        "origin": origin,
+        "identity": identity,
+    }
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()
 
 
