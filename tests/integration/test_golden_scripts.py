@@ -187,9 +187,10 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
     assert lines(hidden, r"^--max-num-seqs ") == ["--max-num-seqs 256 \\"]
     assert lines(hidden, r"^--gpu-memory-utilization ") == ["--gpu-memory-utilization 0.9 \\"]
     serve = scripts["serve"]
-    assert lines(serve, r"^--max-num-batched-tokens ") == ["--max-num-batched-tokens 8192 \\"]
-    assert lines(serve, r"^--max-num-seqs ") == ["--max-num-seqs 256 \\"]
-    assert lines(serve, r"^--gpu-memory-utilization ") == ["--gpu-memory-utilization 0.85 \\"]
+    # the verifier's arguments are one bash array (VERIFIER_ARGS), one argument per line
+    assert lines(serve, r"^--max-num-batched-tokens ") == ["--max-num-batched-tokens 8192"]
+    assert lines(serve, r"^--max-num-seqs ") == ["--max-num-seqs 256"]
+    assert lines(serve, r"^--gpu-memory-utilization ") == ["--gpu-memory-utilization 0.85"]
 
 
 def test_the_groups_scripts_differ(rendered: dict[str, dict[str, str]]) -> None:

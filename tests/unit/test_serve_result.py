@@ -226,6 +226,22 @@ def test_reference_cli_take_exits_3_until_kept(tmp_path):
     assert serve_result.last_json(out) == GREEDY
 
 
+def test_reference_cli_keys_on_the_server_arguments(tmp_path):
+    stamp, verifier = models_stamp(tmp_path)
+    common = [
+        "--dir", str(tmp_path / "kept"), "--models-stamp", str(stamp),
+        "--verifier", str(verifier), "--identity", json.dumps(IDENTITY),
+    ]  # fmt: skip
+    server = ["--", str(verifier), "--max-model-len", "512", "--enforce-eager"]
+    source = write(tmp_path / "greedy_plain.json", GREEDY)
+    out = tmp_path / "out.json"
+    assert run_cli("keep-reference", *common, "--from", str(source), *server).returncode == 0
+    assert run_cli("take-reference", *common, "--out", str(out), *server).returncode == 0
+    other = ["--", str(verifier), "--max-model-len", "1024", "--enforce-eager"]
+    assert run_cli("take-reference", *common, "--out", str(out), *other).returncode == 3
+    assert run_cli("take-reference", *common, "--out", str(out)).returncode == 3
+
+
 def test_combine_records_where_the_plain_outputs_came_from(tmp_path):
     with_draft = write(tmp_path / "with_draft.json", GREEDY)
     plain = write(tmp_path / "plain.json", GREEDY)

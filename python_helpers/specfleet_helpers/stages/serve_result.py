@@ -11,7 +11,8 @@ checked, the draft server's greedy tokens equal the plain verifier's.
 The plain verifier's greedy outputs depend only on the verifier's files, the vLLM install,
 the server's arguments and the prompts, so they are kept (`keep-reference`) under a key made
 of exactly those (`reference_key`: the verifier's files as the models stamp recorded them,
-sha256 or size, where the models came from, and an identity the serve role builds); a later
+sha256 or size, where the models came from, the plain server's own `vllm serve` arguments
+given after `--`, and an identity the serve role builds); a later
 serve run with the same key takes them (`take-reference`) instead of starting a second
 server. A draft retrained on an unchanged verifier is then checked against the kept outputs.
 Standard library only.
@@ -239,16 +240,23 @@ def main(argv: Optional[list[str]] = None) -> int:
             "--identity",
             type=json.loads,
             required=True,
-            help="JSON: the vLLM install, server arguments and prompts the outputs depend on",
+            help="JSON: the vLLM install and the prompts the outputs depend on",
         )
         if name == "take-reference":
             r.add_argument("--out", type=Path, required=True)
         else:
             r.add_argument("--from", dest="source", type=Path, required=True)
+        r.add_argument(
+            "server_argv",
+            nargs="*",
+            metavar="-- SERVER_ARG",
+            help="after --: the plain server's vllm serve arguments (host and port left out)",
+        )
     args = parser.parse_args(argv)
     try:
         if args.command in ("take-reference", "keep-reference"):
-            key = reference_key(args.models_stamp, args.verifier, args.identity)
+            identity = {"server": args.server_argv, **args.identity}
+            key = reference_key(args.models_stamp, args.verifier, identity)
             if args.command == "take-reference":
                 kept = take_reference(args.dir, key, args.out)
             else:

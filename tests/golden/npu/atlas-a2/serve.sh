@@ -28,19 +28,23 @@ check() { "$PY" -m specfleet_helpers.checks.serve_check "$@" --url "$URL"; }
 rm -rf "$WORK.tmp"
 mkdir -p "$WORK.tmp"
 
+# The verifier's server arguments, the same for both servers: the kept plain-verifier outputs
+# are keyed by them (below), so they are written once.
+VERIFIER_ARGS=(
+  /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B
+  --served-model-name Qwen/Qwen3-8B
+  --gpu-memory-utilization 0.85
+  --max-num-batched-tokens 8192
+  --max-num-seqs 256
+  --enforce-eager
+)
+
 # start_vllm LOG [EXTRA ARGS...]: vllm serve the verifier, wait for /health
 start_vllm() {
   local log=$1
   shift
   server start --log "$log" --host "$HOST" --port "$PORT" -- \
-    "$PY" -m vllm.entrypoints.cli.main serve /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B \
-    --host "$HOST" --port "$PORT" \
-    --served-model-name Qwen/Qwen3-8B \
-    --gpu-memory-utilization 0.85 \
-    --max-num-batched-tokens 8192 \
-    --max-num-seqs 256 \
-    --enforce-eager \
-    "$@"
+    "$PY" -m vllm.entrypoints.cli.main serve "${VERIFIER_ARGS[@]}" --host "$HOST" --port "$PORT" "$@"
   server wait --timeout 900
 }
 
