@@ -29,8 +29,10 @@ lint: setup
 docs: setup  ## regenerate roles/*/README.md from each role's meta/argument_specs.yml (aar-doc)
 	scripts/role-docs
 
+# Two workers, one module each at a time (a module's fixtures, such as the tiny models, built once).
+UNIT_WORKERS ?= 2
 unit: setup
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest -n $(UNIT_WORKERS) --dist loadfile tests/unit
 
 # Two workers, one test module each at a time (--dist loadfile keeps a module's shared runs and
 # fixtures in one process): most runs are one ansible-playbook on one core, so two run side by side.
