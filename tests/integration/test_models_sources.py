@@ -710,6 +710,9 @@ def file_identities(tiny: TinyModels, model_id: str, local: Path) -> dict[str, t
     }
 
 
+# A host that followed the runbook by hand, its downloads reused: in make test-reliability's
+# budget.
+@pytest.mark.slow
 def test_f_runbook_download_is_reused(
     fresh_host: ModelsHost, hub: FakeModelScope, tiny: TinyModels, venv: Path
 ) -> None:
@@ -736,6 +739,8 @@ def test_f_runbook_download_is_reused(
     assert not (host.cache / VERIFIER_ID).exists(), "a second copy in the cache_dir= layout"
 
 
+# The move of an older specfleet release's cache layout: in make test-reliability's budget.
+@pytest.mark.slow
 def test_g_older_specfleet_copy_moves_to_the_runbook_layout(
     fresh_host: ModelsHost, hub: FakeModelScope, tiny: TinyModels, venv: Path
 ) -> None:
@@ -769,7 +774,9 @@ def other_filesystem(than: Path) -> Path | None:
     return None
 
 
-@pytest.mark.parametrize("where", ["shared", "separate"])
+# "shared" (the cache on the work root's filesystem) is the disk preflight test_failures runs
+# in CI; it is in make test-reliability's budget here, "separate" stays.
+@pytest.mark.parametrize("where", [pytest.param("shared", marks=pytest.mark.slow), "separate"])
 def test_h_disk_preflight_measures_the_cache(
     fresh_host: ModelsHost, hub: FakeModelScope, tiny: TinyModels, where: str
 ) -> None:

@@ -259,6 +259,9 @@ def test_auto_picks_npu_when_npu_smi_is_on_path(npu_host: MockNpuHost) -> None:
     assert state["npu"]["device_count"] == 8
 
 
+# Why the other runs pass --skip-tags (an Ansible behaviour, not a check of ours): in make
+# test-reliability's budget.
+@pytest.mark.slow
 def test_tags_npu_env_alone_starts_only_the_speculators_argspec_check(
     npu_host: MockNpuHost,
 ) -> None:
@@ -316,6 +319,9 @@ def test_missing_cann_file_stops_the_host(npu_host: MockNpuHost) -> None:
     assert str(npu_host.toolkit_env) not in message.split(";")[0]
 
 
+# The disk preflight stops a run in CI through test_failures (too little disk, before any
+# download); this npu_env variant is in make test-reliability's budget.
+@pytest.mark.slow
 def test_disk_threshold_stops_the_host(npu_host: MockNpuHost) -> None:
     """(g) More free disk required than any machine has."""
     result = npu_host.run(
@@ -326,6 +332,9 @@ def test_disk_threshold_stops_the_host(npu_host: MockNpuHost) -> None:
     assert_stopped(npu_host, result, "preflight disk", "expected at least 100000", "npu profile")
 
 
+# A held port stops a run in CI through test_failures (the serve and hidden-states ports);
+# this npu_env variant is in make test-reliability's budget.
+@pytest.mark.slow
 def test_port_in_use_stops_the_host(npu_host: MockNpuHost, listening_port: int) -> None:
     """(h) The serve port is held by this test process."""
     result = npu_host.run(
@@ -389,6 +398,9 @@ def test_device_not_on_the_host_stops_it_naming_the_variable(npu_host: MockNpuHo
     )
 
 
+# npu_env_expected_devices stops a host in CI through the A3 case above; this two-run A2
+# variant is in make test-reliability's budget.
+@pytest.mark.slow
 def test_exact_device_count_only_when_the_fleet_asks(npu_host: MockNpuHost) -> None:
     """A 4-card A2 host passes by default; npu_env_expected_devices: 8 stops it."""
     passed = npu_host.run(A2_FOUR_CARDS, group="atlas-a2", npu_count=4)
@@ -439,6 +451,9 @@ def test_a3_hardware_in_group_atlas_a2_stops_at_preflight(npu_host: MockNpuHost)
     )
 
 
+# The hardware/group mismatch is refused in CI through the A3-in-atlas-a2 case above; the
+# image-suffix variant is in make test-reliability's budget.
+@pytest.mark.slow
 def test_a2_hardware_with_the_a3_image_stops_at_preflight(npu_host: MockNpuHost) -> None:
     """The group is right but the image is not: an A2 host told to run the -a3 image."""
     result = npu_host.run(
