@@ -208,12 +208,18 @@ def test_damaged_kept_outputs_are_dropped_not_taken(tmp_path):
         serve_result.keep_reference(kept_dir, "k1", write(tmp_path / "e.json", {"outputs": []}))
 
 
-def test_reference_cli_take_exits_3_until_kept(tmp_path):
+def reference_cli_args(tmp_path: Path) -> tuple[Path, list[str]]:
+    """The verifier and the arguments take-reference and keep-reference share."""
     stamp, verifier = models_stamp(tmp_path)
     common = [
         "--dir", str(tmp_path / "kept"), "--models-stamp", str(stamp),
         "--verifier", str(verifier), "--identity", json.dumps(IDENTITY),
     ]  # fmt: skip
+    return verifier, common
+
+
+def test_reference_cli_take_exits_3_until_kept(tmp_path):
+    _, common = reference_cli_args(tmp_path)
     out = tmp_path / "out.json"
     taken = run_cli("take-reference", *common, "--out", str(out))
     assert taken.returncode == 3 and taken.stdout == "", taken
@@ -227,11 +233,7 @@ def test_reference_cli_take_exits_3_until_kept(tmp_path):
 
 
 def test_reference_cli_keys_on_the_server_arguments(tmp_path):
-    stamp, verifier = models_stamp(tmp_path)
-    common = [
-        "--dir", str(tmp_path / "kept"), "--models-stamp", str(stamp),
-        "--verifier", str(verifier), "--identity", json.dumps(IDENTITY),
-    ]  # fmt: skip
+    verifier, common = reference_cli_args(tmp_path)
     server = ["--", str(verifier), "--max-model-len", "512", "--enforce-eager"]
     source = write(tmp_path / "greedy_plain.json", GREEDY)
     out = tmp_path / "out.json"
