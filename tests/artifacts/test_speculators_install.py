@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,21 +14,31 @@ def install(stamp):
 
 
 @pytest.fixture(scope="module")
-def cli(host, install) -> dict:
-    """The installed tools, started side by side: each start is an interpreter importing torch
-    and transformers (most of a no-op run's checking time), and they do not depend on each other."""
+def cli(host, root, install) -> dict:
+    """The installed tools, started side by side in the stage environment, in one connection.
+
+    Each start is an interpreter importing torch and transformers (most of a no-op run's
+    checking time), so checks/cli_starts keeps the results while every installed file of the
+    interpreter keeps its size and mtime: a no-op validation reads them back, an install
+    (or a file changed by hand) starts the tools again."""
     python = install["artifacts"]["python"]
-    commands = {"speculators": host.backend.quote("%s -m speculators --version", python)}
+    argv = [f"{root}/run/specfleet-env", python, "-m", "specfleet_helpers.checks.cli_starts"]
+    argv.append(f"--record={root}/cache/cli-starts.json")
+    argv.append("--command=speculators=" + json.dumps([python, "-m", "speculators", "--version"]))
     if install["inputs"]["profile"] == "cpu":
-        venv = install["artifacts"]["venv"]
-        commands["vllm"] = host.backend.quote("%s --version", f"{venv}/bin/vllm")
+        vllm = f"{install['artifacts']['venv']}/bin/vllm"
+        argv.append("--command=vllm=" + json.dumps([vllm, "--version"]))
         for cuda_build in install["inputs"]["cpu_remove"]:
-            commands[cuda_build] = host.backend.quote(
-                "%s -m pip show %s", f"{venv}/bin/python", cuda_build
-            )
-    with ThreadPoolExecutor(max_workers=len(commands)) as pool:
-        started = {name: pool.submit(host.run, command) for name, command in commands.items()}
-    return {name: future.result() for name, future in started.items()}
+            show = [python, "-m", "pip", "show", cuda_build]
+            argv.append(f"--command-fails={cuda_build}=" + json.dumps(show))
+    done = host.run(" ".join(host.backend.quote("%s", arg) for arg in argv))
+    lines = done.stdout.strip().splitlines()
+    assert done.rc == 0 and lines, f"cli_starts failed (rc {done.rc}): {done.stderr[-2000:]}"
+    report = json.loads(lines[-1])
+    return {
+        name: SimpleNamespace(**result, cached=report["cached"])
+        for name, result in report["results"].items()
+    }
 
 
 def test_stamp_has_expected_keys(install):
