@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +241,101 @@ def test_the_checker_speaks_first_and_begin_gets_its_own_words(tmp_path: Path, c
         .out.strip()
         .endswith("0/model.safetensors is missing (the stamp lists 100 bytes)")
     )
+
+
+# --- the hash index -------------------------------------------------------------------------
+
+
+def counting_sha256(monkeypatch) -> list[Path]:
+    """Record every file actually read for its checksum."""
+    read: list[Path] = []
+    real = stage_verify.sha256_of
+
+    def sha256_of(path: Path) -> str:
+        read.append(path)
+        return real(path)
+
+    monkeypatch.setattr(stage_verify, "sha256_of", sha256_of)
+    return read
+
+
+def test_index_skips_files_unchanged_since_their_hashing(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    top = artifacts(tmp_path / "ckpt")
+    recorded = stage_verify.manifest([top])
+    read = counting_sha256(monkeypatch)
+    path = tmp_path / "cache" / "sha256-index.json"
+    first = stage_verify.HashIndex(path)
+    assert stage_verify.check_manifest(recorded, first) == 4
+    first.save()
+    assert len(read) == 4 and path.is_file()
+    # A later check (another process) reads the index and no file again.
+    assert stage_verify.check_manifest(recorded, stage_verify.HashIndex(path)) == 4
+    assert len(read) == 4
+
+
+def test_index_rehashes_a_file_edited_in_place_with_its_mtime_restored(
+    tmp_path, monkeypatch
+) -> None:
+    """Same size, same mtime (`touch -d`, rsync -t): the ctime still moves, so it is read."""
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    top = artifacts(tmp_path / "ckpt")
+    recorded = stage_verify.manifest([top])
+    index_path = tmp_path / "index.json"
+    index = stage_verify.HashIndex(index_path)
+    stage_verify.check_manifest(recorded, index)
+    index.save()
+    config = top / "0" / "config.json"
+    before = config.stat()
+    time.sleep(0.05)  # past the kernel's coarse timestamp tick
+    config.write_text('{"hidden_size": 256}')  # same length
+    os.utime(config, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert config.stat().st_size == before.st_size
+    assert config.stat().st_mtime_ns == before.st_mtime_ns
+    with pytest.raises(stage_verify.VerifyError, match=r"config\.json changed"):
+        stage_verify.check_manifest(recorded, stage_verify.HashIndex(index_path))
+
+
+def test_index_never_trusts_a_file_written_just_before_its_hashing(tmp_path, monkeypatch) -> None:
+    top = artifacts(tmp_path / "ckpt")  # written now: inside the racy window
+    recorded = stage_verify.manifest([top])
+    read = counting_sha256(monkeypatch)
+    index_path = tmp_path / "index.json"
+    index = stage_verify.HashIndex(index_path)
+    stage_verify.check_manifest(recorded, index)
+    index.save()
+    stage_verify.check_manifest(recorded, stage_verify.HashIndex(index_path))
+    assert len(read) == 8
+
+
+def test_a_damaged_index_means_hashing_again(tmp_path, monkeypatch) -> None:
+    top = artifacts(tmp_path / "ckpt")
+    recorded = stage_verify.manifest([top])
+    index_path = tmp_path / "index.json"
+    index_path.write_text('{"version": 1, "files": ')
+    read = counting_sha256(monkeypatch)
+    assert stage_verify.check_manifest(recorded, stage_verify.HashIndex(index_path)) == 4
+    assert len(read) == 4
+
+
+def test_index_drops_files_that_are_gone(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    top = artifacts(tmp_path / "ckpt")
+    index_path = tmp_path / "index.json"
+    index = stage_verify.HashIndex(index_path)
+    stage_verify.check_manifest(stage_verify.manifest([top]), index)
+    (top / "0" / "config.json").unlink()
+    index.save()
+    kept = json.loads(index_path.read_text())["files"]
+    assert str(top / "0" / "config.json") not in kept
+    assert str(top / "1" / "config.json") in kept
+
+
+def test_cli_check_keeps_its_index_beside_the_state_dir(tmp_path) -> None:
+    top = artifacts(tmp_path / "root" / "train")
+    state = tmp_path / "root" / "state"
+    write_stamp(state, "train", manifest=stage_verify.manifest([top]))
+    args = ["check", f"--state-dir={state}", "--stage=train"]
+    assert stage_verify.main(args) == 0
+    assert (tmp_path / "root" / "cache" / "sha256-index.json").is_file()
+    assert stage_verify.main([*args, "--index=none"]) == 0

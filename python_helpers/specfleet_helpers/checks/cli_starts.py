@@ -113,7 +113,7 @@ def run(
         started = {name: pool.submit(start, argv) for name, argv in commands.items()}
         results = {name: future.result() for name, future in started.items()}
     if all((result["rc"] != 0) == (name in failing) for name, result in results.items()):
-        record_path.parent.mkdir(parents=True, exist_ok=True)
+        record_path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         files.write_json_atomic(
             record_path, {"version": RECORD_VERSION, "key": key, "results": results}, indent=2
         )

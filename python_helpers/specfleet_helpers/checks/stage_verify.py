@@ -11,15 +11,23 @@ stage's own checker (`verify_argv`). Verifying a stage:
 The skip decision (roles/stage/tasks/begin.yml), playbooks/validate.yml and the testinfra
 suite all run this module, so validation finds exactly what a re-run would redo.
 
+Checksums are not recomputed for a file that is unchanged on disk since they were last
+computed (git's index does the same): the hash index (<root>/cache/sha256-index.json, a cache
+that can be deleted at any time) keeps each file's size, mtime, ctime, inode and device with
+the sha256 computed then, and a file whose stat matches is not read again. Any write, truncate,
+replace or `touch` changes the stat and the file is hashed again; a file modified within
+RACY_WINDOW_NS of its hashing is never trusted from the index (a coarse clock could hide a
+second write). On an NPU host this is what keeps a no-op run from re-reading gigabytes.
+
 Stamps written before manifests existed (specfleet_stamp_version 1 without `manifest`) are
 verified by the checker alone; with --record-missing (begin.yml) a passing check writes the
 manifest and the checker into the stamp, so later validations check the files too. Without a
 checker either, such a stamp is `unverified`, which the report does not count as passed.
 
     python -m specfleet_helpers.checks.stage_verify manifest PATH...
-    python -m specfleet_helpers.checks.stage_verify check --state-dir D --stage S
+    python -m specfleet_helpers.checks.stage_verify check --state-dir D --stage S [--index F]
     python -m specfleet_helpers.checks.stage_verify check-all --state-dir D [--skip S,...]
-        [--files-only]
+        [--files-only] [--index F]
 
 Standard library only.
 """
@@ -33,9 +41,11 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
+from specfleet_helpers import files as atomic
 from specfleet_helpers.host import stamps
 
 # Files up to this size are checksummed. Bigger ones (a verifier's multi-GB shards, long rows'
@@ -45,6 +55,10 @@ from specfleet_helpers.host import stamps
 # changing a byte, and a false "damaged" would redo a multi-GB download.
 HASH_LIMIT_BYTES = 64 * 1024 * 1024
 MANIFEST_VERSION = 1
+INDEX_VERSION = 1
+# A file modified this close to its hashing may have been written again within one tick of a
+# coarse file-system clock (FAT: 2 s), so its stat proves nothing: it is hashed next time too.
+RACY_WINDOW_NS = 3_000_000_000
 CHECKER_TIMEOUT_S = 900
 # Metrics that are not facts of the files: how long something took, when it happened.
 TIMING_KEY = re.compile(r"(^|_)(s|ms|seconds|time|elapsed|duration|started|ended|at)$")
@@ -68,6 +82,60 @@ def sha256_of(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+class HashIndex:
+    """The sha256 of files as last computed, with the stat they had then (see the module doc).
+    `path` None: nothing is kept, every file is hashed."""
+
+    def __init__(self, path: Optional[Path]) -> None:
+        self.path = path
+        self.entries: dict[str, Any] = {}
+        self.changed = False
+        if path is not None:
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                data = None  # missing or damaged: every file is hashed again
+            if isinstance(data, dict) and data.get("version") == INDEX_VERSION:
+                self.entries = data.get("files") or {}
+
+    @staticmethod
+    def _stat_key(stat: os.stat_result) -> list[int]:
+        return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev]
+
+    def sha256(self, path: Path) -> str:
+        stat = path.stat()
+        key = self._stat_key(stat)
+        entry = self.entries.get(str(path))
+        if entry and entry.get("stat") == key:
+            return str(entry["sha256"])
+        digest = sha256_of(path)
+        if self.path is not None:
+            hashed_at = time.time_ns()
+            if max(stat.st_mtime_ns, stat.st_ctime_ns) < hashed_at - RACY_WINDOW_NS:
+                self.entries[str(path)] = {"stat": key, "sha256": digest}
+            else:
+                self.entries.pop(str(path), None)
+            self.changed = True
+        return digest
+
+    def save(self) -> None:
+        """Write the index once, when it changed; entries of files gone are dropped."""
+        if self.path is None or not self.changed:
+            return
+        kept = {name: entry for name, entry in self.entries.items() if os.path.lexists(name)}
+        try:
+            self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            atomic.write_json_atomic(self.path, {"version": INDEX_VERSION, "files": kept})
+        except OSError as exc:  # a cache: the check's result stands without it
+            print(f"stage_verify: hash index {self.path} not written: {exc}", file=sys.stderr)
+        self.changed = False
+
+
+def default_index(state_dir: Path) -> Path:
+    """<root>/cache/sha256-index.json beside <root>/state (roles/specfleet/vars/main/paths.yml)."""
+    return state_dir.parent / "cache" / "sha256-index.json"
 
 
 def _file_entry(path: Path) -> dict[str, Any]:
@@ -110,9 +178,11 @@ def manifest(paths: list[Path]) -> dict[str, Any]:
     }
 
 
-def check_manifest(recorded: dict[str, Any]) -> int:
+def check_manifest(recorded: dict[str, Any], index: Optional[HashIndex] = None) -> int:
     """Raise VerifyError naming the first file that differs from the manifest; return the
-    number of files checked."""
+    number of files checked. With `index`, a file unchanged since its last hashing is not
+    read again."""
+    index = index or HashIndex(None)
     for name, target in sorted(recorded.get("links", {}).items()):
         path = Path(name)
         if not path.is_symlink():
@@ -127,7 +197,7 @@ def check_manifest(recorded: dict[str, Any]) -> int:
         size = path.stat().st_size
         if size != entry["size"]:
             raise VerifyError(f"{name} has {size} bytes, the stamp recorded {entry['size']}")
-        if "sha256" in entry and sha256_of(path) != entry["sha256"]:
+        if "sha256" in entry and index.sha256(path) != entry["sha256"]:
             raise VerifyError(f"{name} changed: its sha256 differs from the stamp's")
     return len(files)
 
@@ -191,7 +261,10 @@ def run_checker(argv: list[str]) -> dict[str, Any]:
 
 
 def verify(
-    stamp: dict[str, Any], checker: Optional[list[str]] = None, use_checker: bool = True
+    stamp: dict[str, Any],
+    checker: Optional[list[str]] = None,
+    use_checker: bool = True,
+    index: Optional[HashIndex] = None,
 ) -> dict[str, Any]:
     """{"status": ok|damaged|unverified, "problem": str|None, "files": n, "metrics": [...]}.
     `checker` overrides the stamp's recorded verify_argv (begin.yml passes the role's)."""
@@ -211,7 +284,7 @@ def verify(
     try:
         fresh = run_checker(list(argv)) if argv and use_checker else {}
         if recorded is not None:
-            out["files"] = check_manifest(recorded)
+            out["files"] = check_manifest(recorded, index)
         metrics = stamp.get("metrics") or {}
         differ = compare_metrics(fresh, metrics)
         if differ:
@@ -260,11 +333,11 @@ def line(stage: str, result: dict[str, Any]) -> str:
 
 
 def check_all(
-    state_dir: Path, skip: set[str], use_checker: bool = True
+    state_dir: Path, skip: set[str], use_checker: bool = True, index: Optional[HashIndex] = None
 ) -> dict[str, dict[str, Any]]:
     """Every stamped stage of a work root except `skip`, in stamp-file order."""
     return {
-        stage: verify(stamp, use_checker=use_checker)
+        stage: verify(stamp, use_checker=use_checker, index=index)
         for stage, stamp in stamps.load(state_dir).items()
         if stage not in skip
     }
@@ -308,6 +381,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         action="store_true",
         help="check the listed files only, not the checkers (the testinfra suite's form)",
     )
+    for command in (c, a):
+        command.add_argument(
+            "--index",
+            type=Path,
+            help="the hash index (default: <state-dir>/../cache/sha256-index.json); 'none': hash"
+            " every file",
+        )
     args = parser.parse_args(argv)
 
     if args.command == "manifest":
@@ -317,16 +397,22 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"manifest: {exc}", file=sys.stderr)
             return 1
         return 0
+    index = HashIndex(
+        None if str(args.index) == "none" else args.index or default_index(args.state_dir)
+    )
     if args.command == "check-all":
         skip = {s for s in args.skip.split(",") if s}
-        print(json.dumps(check_all(args.state_dir, skip, not args.files_only), sort_keys=True))
+        results = check_all(args.state_dir, skip, not args.files_only, index)
+        index.save()
+        print(json.dumps(results, sort_keys=True))
         return 0
     stamp = stamps.load(args.state_dir).get(args.stage)
     if stamp is None:
         print(f"{args.stage}: {MISSING}: no readable stamp in {args.state_dir}")
         return 1
     checker = json.loads(args.checker_json) if args.checker_json else None
-    result = verify(stamp, checker)
+    result = verify(stamp, checker, index=index)
+    index.save()
     if (
         result["status"] == OK
         and args.record_missing
