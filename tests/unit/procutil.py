@@ -3,8 +3,24 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
+
+HELPERS = Path(__file__).resolve().parents[2] / "python_helpers"
+
+
+def run_helper(module: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m <module> ARGS` as a role starts it: a fresh interpreter that finds the
+    helpers' sources on its PYTHONPATH, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )
 
 
 def pid_alive(pid: int) -> bool:

@@ -10,10 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from procutil import run_helper
 from specfleet_helpers.checks import cli_starts
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-HELPERS = REPO_ROOT / "python_helpers"
 
 
 @pytest.fixture
@@ -118,13 +116,7 @@ def test_a_missing_tool_is_a_result_not_a_crash(tmp_path, tree):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.checks.cli_starts", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(HELPERS)},
-    )
+    return run_helper("specfleet_helpers.checks.cli_starts", *args)
 
 
 def test_cli_runs_both_kinds_and_prints_one_json_object(tmp_path):

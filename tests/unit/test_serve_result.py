@@ -5,16 +5,13 @@ without it)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from procutil import run_helper
 from specfleet_helpers.stages import serve_result
-
-HELPERS = Path(__file__).resolve().parents[2] / "python_helpers"
 
 CHAT = {"ok": True, "content": "hi there", "completion_tokens": 8, "finish_reason": "length"}
 METRICS = {
@@ -41,13 +38,7 @@ def write(path: Path, data: dict[str, Any]) -> Path:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.stages.serve_result", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(HELPERS)},
-    )
+    return run_helper("specfleet_helpers.stages.serve_result", *args, timeout=60)
 
 
 @pytest.fixture

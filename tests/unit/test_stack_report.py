@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from procutil import HELPERS, run_helper
 from specfleet_helpers.checks.stack_report import (
     check_expectations,
     constraints,
@@ -20,19 +21,12 @@ from specfleet_helpers.checks.stack_report import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-HELPERS = REPO_ROOT / "python_helpers"
 MISSING = "specfleet-no-such-distribution"
 PYTEST_VERSION = pytest.__version__
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.checks.stack_report", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(HELPERS)},
-    )
+    return run_helper("specfleet_helpers.checks.stack_report", *args)
 
 
 def test_distribution_versions_installed_and_missing():

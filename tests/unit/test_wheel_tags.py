@@ -8,9 +8,9 @@ import os
 import platform
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from procutil import HELPERS, run_helper
 from specfleet_helpers.host.wheel_tags import (
     describe,
     identity,
@@ -21,9 +21,6 @@ from specfleet_helpers.host.wheel_tags import (
     supported_tags,
     with_overrides,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-HELPERS = REPO_ROOT / "python_helpers"
 
 # The vllm-ascend v0.23.0 image (Ubuntu 22.04: glibc 2.35) on an A2 host (Kunpeng, aarch64).
 A2_IMAGE = {
@@ -39,13 +36,7 @@ X86_IMAGE = {**A2_IMAGE, "arch": "x86_64", "markers": {"platform_machine": "x86_
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "specfleet_helpers.host.wheel_tags", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(HELPERS)},
-    )
+    return run_helper("specfleet_helpers.host.wheel_tags", *args)
 
 
 def test_parse_wheel_filename_with_compressed_tags_and_build():
