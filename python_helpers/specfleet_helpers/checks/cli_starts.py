@@ -117,8 +117,6 @@ def run(
         files.write_json_atomic(
             record_path, {"version": RECORD_VERSION, "key": key, "results": results}, indent=2
         )
-    else:
-        record_path.unlink(missing_ok=True)
     return {"cached": False, "key": key, "results": results}
 
 

@@ -104,8 +104,8 @@ class HashIndex:
     def _stat_key(stat: os.stat_result) -> list[int]:
         return [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev]
 
-    def sha256(self, path: Path) -> str:
-        stat = path.stat()
+    def sha256(self, path: Path, stat: os.stat_result) -> str:
+        """The file's sha256; `stat` is its stat, taken by the caller."""
         key = self._stat_key(stat)
         entry = self.entries.get(str(path))
         if entry and entry.get("stat") == key:
@@ -194,10 +194,12 @@ def check_manifest(recorded: dict[str, Any], index: Optional[HashIndex] = None) 
         path = Path(name)
         if not path.is_file():
             raise VerifyError(f"{name} is missing (the stamp lists {entry['size']} bytes)")
-        size = path.stat().st_size
-        if size != entry["size"]:
-            raise VerifyError(f"{name} has {size} bytes, the stamp recorded {entry['size']}")
-        if "sha256" in entry and index.sha256(path) != entry["sha256"]:
+        stat = path.stat()
+        if stat.st_size != entry["size"]:
+            raise VerifyError(
+                f"{name} has {stat.st_size} bytes, the stamp recorded {entry['size']}"
+            )
+        if "sha256" in entry and index.sha256(path, stat) != entry["sha256"]:
             raise VerifyError(f"{name} changed: its sha256 differs from the stamp's")
     return len(files)
 
