@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from callback_loader import load_callback
+from plugin_loader import load_callback
 
 pytest.importorskip("ansible")
 

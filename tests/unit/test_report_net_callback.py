@@ -12,7 +12,7 @@ import re
 from datetime import datetime, timezone
 
 import pytest
-from callback_loader import load_callback
+from plugin_loader import load_callback
 
 pytest.importorskip("ansible")
 

@@ -3,19 +3,14 @@ validate_argument_spec's registered result and the options of a role's meta/argu
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
+from plugin_loader import load_plugin
 
 REPO = Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location(
-    "specfleet_filters", REPO / "plugins/filter/specfleet.py"
-)
-assert _SPEC and _SPEC.loader
-filters = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(filters)
+filters = load_plugin("plugins/filter/specfleet.py")
 
 TRAIN_SPEC = yaml.safe_load((REPO / "roles/train/meta/argument_specs.yml").read_text())[
     "argument_specs"

@@ -1,0 +1,25 @@
+"""Load one of the repo's plugins (callback_plugins/<name>.py, plugins/filter/<name>.py) as
+Ansible does: a fresh module from its file each time, so what loading does (such as an
+environment variable it sets) happens again."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_plugin(relative: str) -> ModuleType:
+    """The plugin file at `relative` (to the repo), as a fresh module."""
+    path = REPO / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_callback(name: str) -> ModuleType:
+    return load_plugin(f"callback_plugins/{name}.py")
