@@ -118,7 +118,13 @@ def test_verify_ok_then_each_kind_of_break(tmp_path: Path) -> None:
         "verify_argv": checker({"rows": 10, "elapsed_s": 7.0}),
     }
     ok = stage_verify.verify(stamp)
-    assert ok == {"status": "ok", "problem": None, "files": 4, "metrics": ["rows"]}
+    assert ok == {
+        "status": "ok",
+        "problem": None,
+        "files": 4,
+        "metrics": ["rows"],
+        "checker": "ran",
+    }
 
     lying = {**stamp, "metrics": {"rows": 11}}
     out = stage_verify.verify(lying)
@@ -339,3 +345,165 @@ def test_cli_check_keeps_its_index_beside_the_state_dir(tmp_path) -> None:
     assert stage_verify.main(args) == 0
     assert (tmp_path / "root" / "cache" / "sha256-index.json").is_file()
     assert stage_verify.main([*args, "--index=none"]) == 0
+
+
+# --- the checkers' kept results ----------------------------------------------------------------
+
+
+def counting_checker(tmp_path: Path, prints: dict[str, Any], rc: int = 0) -> tuple[list[str], Path]:
+    """A checker that notes each of its runs in a file outside the artifacts."""
+    runs = tmp_path / "checker-runs"
+    code = (
+        f"import sys; open({str(runs)!r}, 'a').write('x'); print({json.dumps(json.dumps(prints))});"
+        f" sys.exit({rc})"
+    )
+    return [sys.executable, "-c", code], runs
+
+
+def runs_of(runs: Path) -> int:
+    return len(runs.read_text()) if runs.exists() else 0
+
+
+def kept_stamp(tmp_path: Path, argv: list[str]) -> tuple[dict[str, Any], Path]:
+    top = artifacts(tmp_path / "ckpt")
+    stamp = {
+        "stage": "train",
+        "run_id": "r1",
+        "fingerprint": "f1",
+        "artifacts": {"checkpoint": str(top)},
+        "metrics": {"rows": 10},
+        "manifest": stage_verify.manifest([top]),
+        "verify_argv": argv,
+    }
+    return stamp, top
+
+
+def test_a_passing_checker_is_not_started_again_while_its_files_keep_their_stat(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    argv, runs = counting_checker(tmp_path, {"rows": 10})
+    stamp, top = kept_stamp(tmp_path, argv)
+    path = tmp_path / "cache" / "checker-results.json"
+    first = stage_verify.CheckerResults(path)
+    assert stage_verify.verify(stamp, results=first)["checker"] == "ran"
+    first.save()
+    again = stage_verify.verify(stamp, results=stage_verify.CheckerResults(path))
+    assert again["status"] == "ok" and again["checker"] == "kept" and again["metrics"] == ["rows"]
+    assert runs_of(runs) == 1
+    assert "checker result kept" in stage_verify.line("train", again)
+    # Rewritten with the same bytes: the stat moved, so the checker reads it again.
+    time.sleep(0.05)
+    (top / "0" / "config.json").write_text('{"hidden_size": 128}')
+    assert stage_verify.verify(stamp, results=stage_verify.CheckerResults(path))["checker"] == "ran"
+    assert runs_of(runs) == 2
+
+
+def test_kept_results_depend_on_the_checker_and_the_stamp(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    argv, runs = counting_checker(tmp_path, {"rows": 10})
+    stamp, _ = kept_stamp(tmp_path, argv)
+    results = stage_verify.CheckerResults(tmp_path / "kept.json")
+    stage_verify.verify(stamp, results=results)
+    assert stage_verify.verify(stamp, results=results)["checker"] == "kept"
+    assert stage_verify.verify({**stamp, "run_id": "r2"}, results=results)["checker"] == "ran"
+    assert stage_verify.verify(stamp, [*argv, "--more"], results=results)["checker"] == "ran"
+    assert runs_of(runs) == 3
+
+
+def test_an_artifact_the_manifest_skips_is_never_served_from_kept_results(
+    tmp_path, monkeypatch
+) -> None:
+    """A venv (speculators_install's unlisted artifact): its checker reads what no stat covers,
+    so it always runs."""
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    argv, runs = counting_checker(tmp_path, {"rows": 10})
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    stamp = {
+        "stage": "speculators_install",
+        "run_id": "r1",
+        "artifacts": {"venv": str(venv)},
+        "metrics": {"rows": 10},
+        "manifest": stage_verify.manifest([]),
+        "verify_argv": argv,
+    }
+    results = stage_verify.CheckerResults(tmp_path / "kept.json")
+    for _ in range(2):
+        assert stage_verify.verify(stamp, results=results)["checker"] == "ran"
+    assert runs_of(runs) == 2
+
+
+def test_a_file_added_beside_the_listed_ones_starts_the_checker_again(
+    tmp_path, monkeypatch
+) -> None:
+    """A checker may count the files of its directory (hidden states): one added after the
+    stamp is part of what it read, so it runs again once, then is kept with it."""
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    argv, runs = counting_checker(tmp_path, {"rows": 10})
+    stamp, top = kept_stamp(tmp_path, argv)
+    results = stage_verify.CheckerResults(tmp_path / "kept.json")
+    stage_verify.verify(stamp, results=results)
+    (top / "0" / "extra.bin").write_bytes(b"e")
+    assert stage_verify.verify(stamp, results=results)["checker"] == "ran"
+    assert stage_verify.verify(stamp, results=results)["checker"] == "kept"
+    assert runs_of(runs) == 2
+
+
+def test_the_helpers_zip_stands_for_the_checkers_sources(tmp_path, monkeypatch) -> None:
+    archive = tmp_path / "specfleet_helpers.zip"
+    archive.write_bytes(b"PK")
+    fake = archive / "specfleet_helpers" / "checks" / "stage_verify.py"
+    monkeypatch.setattr(stage_verify, "__file__", str(fake))
+    assert [entry[0] for entry in stage_verify._helpers_sources()] == [str(archive)]
+
+
+def test_a_failed_or_racy_check_is_never_kept(tmp_path, monkeypatch) -> None:
+    failing, failed_runs = counting_checker(tmp_path, {}, rc=3)
+    stamp, _ = kept_stamp(tmp_path, failing)
+    results = stage_verify.CheckerResults(tmp_path / "kept.json")
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    for _ in range(2):
+        assert stage_verify.verify(stamp, results=results)["status"] == "damaged"
+    assert runs_of(failed_runs) == 2 and not results.stages
+    # Files written just now (the default window): their stat proves nothing yet.
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 3_000_000_000)
+    argv, _ = counting_checker(tmp_path / "fresh", {"rows": 10})
+    fresh, _ = kept_stamp(tmp_path / "fresh", argv)
+    assert stage_verify.CheckerResults.key(fresh, argv) is None
+
+
+def test_metrics_are_compared_with_the_kept_result_too(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    argv, _ = counting_checker(tmp_path, {"rows": 10})
+    stamp, _ = kept_stamp(tmp_path, argv)
+    results = stage_verify.CheckerResults(tmp_path / "kept.json")
+    stage_verify.verify(stamp, results=results)
+    # The stamp's metrics are part of the key: a stamp edited to say 11 rows is checked again.
+    edited = stage_verify.verify({**stamp, "metrics": {"rows": 11}}, results=results)
+    assert edited["status"] == "damaged" and edited["checker"] == "ran"
+
+
+def test_cli_keeps_checker_results_beside_the_state_dir_unless_told_not_to(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    argv, runs = counting_checker(tmp_path, {"rows": 10})
+    top = artifacts(tmp_path / "root" / "train")
+    state = tmp_path / "root" / "state"
+    write_stamp(
+        state,
+        "train",
+        artifacts={"checkpoint": str(top)},
+        metrics={"rows": 10},
+        manifest=stage_verify.manifest([top]),
+        verify_argv=argv,
+    )
+    args = ["check", f"--state-dir={state}", "--stage=train"]
+    assert stage_verify.main(args) == 0 and stage_verify.main(args) == 0
+    assert (tmp_path / "root" / "cache" / "checker-results.json").is_file()
+    assert runs_of(runs) == 1
+    assert stage_verify.main([*args, "--checker-results=none"]) == 0
+    assert stage_verify.main(["check-all", f"--state-dir={state}", "--checker-results=none"]) == 0
+    assert runs_of(runs) == 3

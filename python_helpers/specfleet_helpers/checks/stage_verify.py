@@ -19,6 +19,12 @@ replace or `touch` changes the stat and the file is hashed again; a file modifie
 RACY_WINDOW_NS of its hashing is never trusted from the index (a coarse clock could hide a
 second write). On an NPU host this is what keeps a no-op run from re-reading gigabytes.
 
+The checkers' passing results are kept the same way (<root>/cache/checker-results.json): a
+checker is not started again while its argv, the stamp, the helpers' sources and every file
+under the stage's artifacts keep their stat. A stage whose artifacts the manifest does not list
+file by file (speculators_install's venv) is never served from it, nor is one with a file
+modified within RACY_WINDOW_NS; a checker that failed is never kept.
+
 Stamps written before manifests existed (specfleet_stamp_version 1 without `manifest`) are
 verified by the checker alone; with --record-missing (begin.yml) a passing check writes the
 manifest and the checker into the stamp, so later validations check the files too. Without a
@@ -26,8 +32,9 @@ checker either, such a stamp is `unverified`, which the report does not count as
 
     python -m specfleet_helpers.checks.stage_verify manifest PATH...
     python -m specfleet_helpers.checks.stage_verify check --state-dir D --stage S [--index F]
+        [--checker-results F]
     python -m specfleet_helpers.checks.stage_verify check-all --state-dir D [--skip S,...]
-        [--files-only] [--index F]
+        [--files-only] [--index F] [--checker-results F]
 
 Standard library only.
 """
@@ -56,6 +63,7 @@ from specfleet_helpers.host import stamps
 HASH_LIMIT_BYTES = 64 * 1024 * 1024
 MANIFEST_VERSION = 1
 INDEX_VERSION = 1
+CHECKER_RESULTS_VERSION = 1
 # A file modified this close to its hashing may have been written again within one tick of a
 # coarse file-system clock (FAT: 2 s), so its stat proves nothing: it is hashed next time too.
 RACY_WINDOW_NS = 3_000_000_000
@@ -84,21 +92,36 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _read_cache(path: Optional[Path], version: int, field: str) -> dict[str, Any]:
+    """`field` of a cache file of this `version`; {} when there is none, or it is damaged or
+    of another version (everything is then computed again)."""
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if isinstance(data, dict) and data.get("version") == version:
+        return data.get(field) or {}
+    return {}
+
+
+def _write_cache(path: Path, version: int, field: str, content: dict[str, Any], what: str) -> None:
+    try:
+        path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        atomic.write_json_atomic(path, {"version": version, field: content})
+    except OSError as exc:  # a cache: the check's result stands without it
+        print(f"stage_verify: {what} {path} not written: {exc}", file=sys.stderr)
+
+
 class HashIndex:
     """The sha256 of files as last computed, with the stat they had then (see the module doc).
     `path` None: nothing is kept, every file is hashed."""
 
     def __init__(self, path: Optional[Path]) -> None:
         self.path = path
-        self.entries: dict[str, Any] = {}
+        self.entries: dict[str, Any] = _read_cache(path, INDEX_VERSION, "files")
         self.changed = False
-        if path is not None:
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                data = None  # missing or damaged: every file is hashed again
-            if isinstance(data, dict) and data.get("version") == INDEX_VERSION:
-                self.entries = data.get("files") or {}
 
     @staticmethod
     def _stat_key(stat: os.stat_result) -> list[int]:
@@ -125,17 +148,105 @@ class HashIndex:
         if self.path is None or not self.changed:
             return
         kept = {name: entry for name, entry in self.entries.items() if os.path.lexists(name)}
+        _write_cache(self.path, INDEX_VERSION, "files", kept, "hash index")
+        self.changed = False
+
+
+def _stat_entry(path: Path) -> list[Any]:
+    stat = os.lstat(path)
+    return [str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev]
+
+
+def _helpers_sources() -> list[list[Any]]:
+    """The stat of this package's sources (a changed checker is a different checker): the zip
+    session/helpers.yml ships, or the source tree."""
+    package = Path(__file__).resolve().parents[1]
+    if package.is_dir():
+        return [_stat_entry(path) for path in sorted(package.rglob("*.py"))]
+    archive = next(p for p in package.parents if p.is_file() or not p.name)
+    return [_stat_entry(archive)]
+
+
+class CheckerResults:
+    """The checkers' passing results, each kept with the stat of what it read (the module doc).
+    `path` None: nothing is kept, every checker runs."""
+
+    def __init__(self, path: Optional[Path]) -> None:
+        self.path = path
+        self.stages: dict[str, Any] = _read_cache(path, CHECKER_RESULTS_VERSION, "stages")
+        self.changed = False
+
+    @staticmethod
+    def key(stamp: dict[str, Any], argv: list[str]) -> Optional[str]:
+        """What the checker's result depends on, hashed; None when it may not be kept: an
+        artifact path the manifest does not list (a venv), or a file changed too recently."""
+        recorded = stamp.get("manifest")
+        if not recorded or "stage" not in stamp:
+            return None
+        listed = set(recorded.get("files", {})) | set(recorded.get("links", {}))
+        entries: list[list[Any]] = []
         try:
-            self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-            atomic.write_json_atomic(self.path, {"version": INDEX_VERSION, "files": kept})
-        except OSError as exc:  # a cache: the check's result stands without it
-            print(f"stage_verify: hash index {self.path} not written: {exc}", file=sys.stderr)
+            for value in sorted(
+                v for v in (stamp.get("artifacts") or {}).values() if isinstance(v, str) and v
+            ):
+                top = Path(value)
+                paths = [top]
+                if top.is_dir() and not top.is_symlink():
+                    paths = []
+                    for dirpath, dirnames, filenames in os.walk(top):
+                        here = Path(dirpath)
+                        paths += [here / n for n in filenames]
+                        paths += [here / d for d in dirnames if (here / d).is_symlink()]
+                # An artifact the manifest skips (a venv): the stat of its files proves nothing
+                # the checker relies on. Files added beside listed ones are in the key, listed
+                # or not: a checker may count them.
+                if not any(str(path) in listed for path in paths):
+                    return None
+                entries += [_stat_entry(path) for path in sorted(paths)]
+        except OSError:
+            return None  # a file went missing: the manifest check names it
+        newest = max((max(e[2], e[3]) for e in entries), default=0)
+        if newest >= time.time_ns() - RACY_WINDOW_NS:
+            return None
+        material = {
+            "argv": list(argv),
+            "run_id": stamp.get("run_id"),
+            "fingerprint": stamp.get("fingerprint"),
+            "metrics": stamp.get("metrics"),
+            "artifacts": entries,
+            "helpers": _helpers_sources(),
+        }
+        return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+    def get(self, stage: str, key: str) -> Optional[dict[str, Any]]:
+        entry = self.stages.get(stage)
+        if (
+            isinstance(entry, dict)
+            and entry.get("key") == key
+            and isinstance(entry.get("fresh"), dict)
+        ):
+            return dict(entry["fresh"])
+        return None
+
+    def put(self, stage: str, key: str, fresh: dict[str, Any]) -> None:
+        self.stages[stage] = {"key": key, "fresh": fresh}
+        self.changed = True
+
+    def save(self) -> None:
+        if self.path is None or not self.changed:
+            return
+        _write_cache(self.path, CHECKER_RESULTS_VERSION, "stages", self.stages, "checker results")
         self.changed = False
 
 
 def default_index(state_dir: Path) -> Path:
     """<root>/cache/sha256-index.json beside <root>/state (roles/specfleet/vars/main/paths.yml)."""
     return state_dir.parent / "cache" / "sha256-index.json"
+
+
+def default_checker_results(state_dir: Path) -> Path:
+    """<root>/cache/checker-results.json, beside the hash index."""
+    return state_dir.parent / "cache" / "checker-results.json"
 
 
 def _file_entry(path: Path) -> dict[str, Any]:
@@ -267,9 +378,11 @@ def verify(
     checker: Optional[list[str]] = None,
     use_checker: bool = True,
     index: Optional[HashIndex] = None,
+    results: Optional[CheckerResults] = None,
 ) -> dict[str, Any]:
-    """{"status": ok|damaged|unverified, "problem": str|None, "files": n, "metrics": [...]}.
-    `checker` overrides the stamp's recorded verify_argv (begin.yml passes the role's)."""
+    """{"status": ok|damaged|unverified, "problem": str|None, "files": n, "metrics": [...],
+    "checker": ran|kept|none}. `checker` overrides the stamp's recorded verify_argv (begin.yml
+    passes the role's); `results` serves and keeps the checker's passing result."""
     argv = checker if checker is not None else stamp.get("verify_argv")
     recorded = stamp.get("manifest")
     out: dict[str, Any] = {"status": OK, "problem": None, "files": None, "metrics": []}
@@ -283,8 +396,13 @@ def verify(
         )
         return out
     # The checker first: where it fails, its message says more than a size or a checksum.
+    key = results.key(stamp, list(argv)) if results and argv and use_checker else None
+    kept = results.get(str(stamp["stage"]), key) if results and key else None
+    out["checker"] = "kept" if kept is not None else "ran" if argv and use_checker else "none"
     try:
-        fresh = run_checker(list(argv)) if argv and use_checker else {}
+        fresh = (
+            kept if kept is not None else run_checker(list(argv)) if argv and use_checker else {}
+        )
         if recorded is not None:
             out["files"] = check_manifest(recorded, index)
         metrics = stamp.get("metrics") or {}
@@ -292,6 +410,8 @@ def verify(
         if differ:
             raise VerifyError("metrics disagree with the files: " + "; ".join(differ))
         out["metrics"] = sorted(k for k in fresh if k in metrics and not TIMING_KEY.search(k))
+        if results and key and kept is None:
+            results.put(str(stamp["stage"]), key, fresh)
     except VerifyError as exc:
         out.update(status=DAMAGED, problem=str(exc))
         if exc.output:
@@ -327,7 +447,12 @@ def record_missing(
 def line(stage: str, result: dict[str, Any]) -> str:
     if result["status"] == OK:
         files = "" if result["files"] is None else f"{result['files']} files as stamped"
-        metrics = f"metrics {', '.join(result['metrics'])} re-read" if result["metrics"] else ""
+        how = (
+            "as last re-read (checker result kept)"
+            if result.get("checker") == "kept"
+            else "re-read"
+        )
+        metrics = f"metrics {', '.join(result['metrics'])} {how}" if result["metrics"] else ""
         return f"{stage}: ok" + (
             f" ({'; '.join(x for x in (files, metrics) if x)})" if files or metrics else ""
         )
@@ -335,11 +460,15 @@ def line(stage: str, result: dict[str, Any]) -> str:
 
 
 def check_all(
-    state_dir: Path, skip: set[str], use_checker: bool = True, index: Optional[HashIndex] = None
+    state_dir: Path,
+    skip: set[str],
+    use_checker: bool = True,
+    index: Optional[HashIndex] = None,
+    results: Optional[CheckerResults] = None,
 ) -> dict[str, dict[str, Any]]:
     """Every stamped stage of a work root except `skip`, in stamp-file order."""
     return {
-        stage: verify(stamp, use_checker=use_checker, index=index)
+        stage: verify(stamp, use_checker=use_checker, index=index, results=results)
         for stage, stamp in stamps.load(state_dir).items()
         if stage not in skip
     }
@@ -390,6 +519,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             help="the hash index (default: <state-dir>/../cache/sha256-index.json); 'none': hash"
             " every file",
         )
+        command.add_argument(
+            "--checker-results",
+            type=Path,
+            help="the checkers' kept results (default: <state-dir>/../cache/checker-results.json);"
+            " 'none': run every checker",
+        )
     args = parser.parse_args(argv)
 
     if args.command == "manifest":
@@ -402,10 +537,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     index = HashIndex(
         None if str(args.index) == "none" else args.index or default_index(args.state_dir)
     )
+    kept = CheckerResults(
+        None
+        if str(args.checker_results) == "none"
+        else args.checker_results or default_checker_results(args.state_dir)
+    )
     if args.command == "check-all":
         skip = {s for s in args.skip.split(",") if s}
-        results = check_all(args.state_dir, skip, not args.files_only, index)
+        results = check_all(args.state_dir, skip, not args.files_only, index, kept)
         index.save()
+        kept.save()
         print(json.dumps(results, sort_keys=True))
         return 0
     stamp = stamps.load(args.state_dir).get(args.stage)
@@ -413,8 +554,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{args.stage}: {MISSING}: no readable stamp in {args.state_dir}")
         return 1
     checker = json.loads(args.checker_json) if args.checker_json else None
-    result = verify(stamp, checker, index=index)
+    result = verify(stamp, checker, index=index, results=kept)
     index.save()
+    kept.save()
     if (
         result["status"] == OK
         and args.record_missing

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from specfleet_helpers.files import tmp_sibling, write_json_atomic
-from specfleet_helpers.host import procs
+from specfleet_helpers.host import procs, stamps
 
 PROG = "python -m specfleet_helpers.host.host_lock"
 EXIT_HELD = 4
@@ -467,6 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="take over a lock whose heartbeat is older than this (default %(default).0f)",
     )
     acq.add_argument(
+        "--state-dir",
+        type=Path,
+        help="once the lock is held, also print what the work root's state records (the output"
+        " of specfleet_helpers.host.stamps) under `state`: a play's session then costs one"
+        " process, not two",
+    )
+    acq.add_argument(
         "--break-token",
         metavar="TOKEN2",
         help="take over the lock if TOKEN2 holds it (the controller found its owner dead)",
@@ -551,6 +558,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(json.dumps(failed, sort_keys=True))
         _error(message)
         return 1
+    if args.command == "acquire" and args.state_dir is not None and result["acquired"]:
+        result["state"] = stamps.load_all(args.state_dir)
     print(json.dumps(result, sort_keys=True))
     if args.command != "release" and not result[RESULT_KEY[args.command]]:
         _error(result["message"])
