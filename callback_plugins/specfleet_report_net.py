@@ -47,7 +47,7 @@ VALIDATE_ROLE = "validate"
 # The project's one atomic write (a leaf module, standard library only).
 if str(HELPERS) not in sys.path:
     sys.path.append(str(HELPERS))
-from specfleet_helpers.files import atomic_path, write_atomic  # noqa: E402
+from specfleet_helpers.files import write_atomic  # noqa: E402
 
 
 def report_id(now: datetime) -> str:
@@ -94,12 +94,6 @@ def report_input(
         "hosts": hosts,
         "ended_early": ended_early,
     }
-
-
-def point_latest(base: Path, rid: str) -> None:
-    """base/latest -> rid, replaced in one rename."""
-    with atomic_path(base / "latest") as tmp:
-        tmp.symlink_to(rid)
 
 
 class CallbackModule(CallbackBase):
@@ -215,7 +209,12 @@ class CallbackModule(CallbackBase):
         }
         command = [sys.executable, "-m", "specfleet_helpers.report.fleet_report"]
         done = subprocess.run(
-            [*command, f"--input={out / 'hosts.json'}", f"--out-dir={out}"],
+            [
+                *command,
+                f"--input={out / 'hosts.json'}",
+                f"--out-dir={out}",
+                f"--latest={base / 'latest'}",
+            ],
             env=env,
             capture_output=True,
             text=True,
@@ -223,5 +222,4 @@ class CallbackModule(CallbackBase):
         )
         if done.returncode != 0:
             raise RuntimeError(f"fleet_report exited {done.returncode}: {done.stderr.strip()}")
-        point_latest(base, rid)
         return out

@@ -8,6 +8,8 @@ straight from it: `PYTHONPATH=specfleet_helpers.zip python -m specfleet_helpers.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 import zipfile
 from pathlib import Path
@@ -36,11 +38,16 @@ def build(out: Path, package_dir: Path = PACKAGE_DIR) -> Path:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m specfleet_helpers.bundle",
-        description="Write a reproducible zip of the specfleet_helpers package.",
+        description=(
+            "Write a reproducible zip of the specfleet_helpers package; print"
+            ' {"path": ..., "sha1": ...} (the sha1 is what Ansible\'s stat reports for the copy'
+            " on a host, so the controller needs no stat of its own)."
+        ),
     )
     parser.add_argument("--out", type=Path, required=True, help="zip file to write")
     args = parser.parse_args(argv)
-    print(build(args.out))
+    out = build(args.out)
+    print(json.dumps({"path": str(out), "sha1": hashlib.sha1(out.read_bytes()).hexdigest()}))
     return 0
 
 

@@ -125,9 +125,12 @@ def task_durations(stdout: str) -> list[tuple[str, float]]:
     return found
 
 
+LOCK_TASKS = ("Take the host lock", "Take a dead run's lock over, or wait for a live run's")
+
+
 def lock_wait_s(run: Run) -> float:
-    """The longest 'Take the host lock' task of a run (one per play)."""
-    return max(s for name, s in task_durations(run.stdout) if name.endswith("Take the host lock"))
+    """The longest of the tasks that take the host lock in a run (two per play at most)."""
+    return max(s for name, s in task_durations(run.stdout) if name.endswith(LOCK_TASKS))
 
 
 def tree_files(top: Path) -> Iterator[Path]:
@@ -609,13 +612,13 @@ def lock_of(pid: int, play: str = "Provision hosts (environment checks, speculat
 
 
 def acquiring(lock_file: Path) -> bool:
-    """A `host_lock acquire` of lock_file is running (a run waiting for the lock; its
-    playbook output is block-buffered in the log, so the process is the signal)."""
+    """A `session open` of lock_file is running (a run waiting for the lock; its playbook
+    output is block-buffered in the log, so the process is the signal)."""
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         with contextlib.suppress(OSError):
             argv = cmdline.read_bytes().split(b"\0")
             lock_arg = f"--lock={lock_file}".encode()
-            if b"specfleet_helpers.host.host_lock" in argv and lock_arg in argv:
+            if b"specfleet_helpers.host.session" in argv and lock_arg in argv:
                 return True
     return False
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -91,5 +93,6 @@ def test_cli_writes_the_zip(tmp_path):
     out = tmp_path / "deep" / "helpers.zip"
     proc = run_python(["-m", "specfleet_helpers.bundle", f"--out={out}"], HELPERS, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(out)
+    printed = json.loads(proc.stdout)
+    assert printed == {"path": str(out), "sha1": hashlib.sha1(out.read_bytes()).hexdigest()}
     assert out.read_bytes() == bundle.build(tmp_path / "again.zip").read_bytes()

@@ -5,6 +5,7 @@ junit XML with ElementTree)."""
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import subprocess
@@ -778,3 +779,34 @@ def test_a_full_run_has_no_ended_early(tmp_path):
     report = fleet_json(run(tmp_path, green_fleet()).out)
     assert report["ended_early"] is None and report["green"], report["ended_early"]
     assert "ended before its report" not in (tmp_path / "report" / "fleet.md").read_text()
+
+
+def test_input_from_stdin_is_kept_beside_the_report_and_latest_moves_in_one_rename(
+    tmp_path, capsys, monkeypatch
+):
+    reports = tmp_path / "reports"
+    (reports / "old").mkdir(parents=True)
+    (reports / "latest").symlink_to("old")
+    raw = json.dumps(green_fleet())
+    monkeypatch.setattr("sys.stdin", io.StringIO(raw))
+    out = reports / "20261203T000000Z-abcdef"
+    rc = fleet_report.main(["--input=-", f"--out-dir={out}", f"--latest={reports / 'latest'}"])
+    assert rc == 0, capsys.readouterr().err
+    assert (out / "hosts.json").read_text() == raw
+    assert os.readlink(reports / "latest") == out.name
+    assert fleet_json(reports / "latest")["green"] is True
+    assert sorted(p.name for p in reports.iterdir()) == ["20261203T000000Z-abcdef", "latest", "old"]
+
+
+def test_refused_stdin_input_is_kept_and_latest_stays(tmp_path, capsys, monkeypatch):
+    reports = tmp_path / "reports"
+    (reports / "old").mkdir(parents=True)
+    (reports / "latest").symlink_to("old")
+    monkeypatch.setattr("sys.stdin", io.StringIO("{not json"))
+    out = reports / "new"
+    rc = fleet_report.main(["--input=-", f"--out-dir={out}", f"--latest={reports / 'latest'}"])
+    assert rc == 2
+    assert f"{out / 'hosts.json'}: not JSON" in capsys.readouterr().err
+    assert (out / "hosts.json").read_text() == "{not json"
+    assert not (out / "fleet.json").exists()
+    assert os.readlink(reports / "latest") == "old"

@@ -461,22 +461,3 @@ def test_taking_over_stops_what_the_abandoned_run_left_running(lock: Path):
         stage_run.stop(run_dir, "slow")
         bystander.kill()
         bystander.wait()
-
-
-def test_acquire_with_a_state_dir_prints_the_stamps_once_the_lock_is_held(lock: Path):
-    """One process per play for the lock and the stamps (roles/session/tasks/lock.yml): the
-    state is printed only to the run that holds the lock, never to one refused."""
-    state = lock.parent / "state"
-    state.mkdir()
-    (state / "data.json").write_text(json.dumps({"stage": "data", "run_id": "r1"}))
-    (state / "train.failed.json").write_text(json.dumps({"stage": "train", "error": "boom"}))
-    held = acquire_cli(lock, "run-a", "--state-dir", state)
-    assert held.returncode == 0, held.stderr
-    result = output(held)
-    assert result["acquired"] and result["state"]["stamps"] == {
-        "data": {"stage": "data", "run_id": "r1"}
-    }
-    assert set(result["state"]["failures"]) == {"train"}
-    refused = acquire_cli(lock, "run-b", "--state-dir", state)
-    assert refused.returncode == 4 and "state" not in output(refused)
-    assert "state" not in output(acquire_cli(lock, "run-a"))

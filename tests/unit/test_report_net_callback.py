@@ -7,7 +7,6 @@ The plugin imports ansible, so run these with the controller venv's Python.
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import datetime, timezone
 
@@ -45,12 +44,3 @@ def test_a_host_still_in_play_is_reachable(net):
     refused = {"why": "refused", "stage": "serve", "error": "serve settings: ..."}
     entry = net.host_input(["ascend-950"], None, {}, refused)
     assert entry["reachable"] is True and entry["unreachable_error"] is None, entry
-
-
-def test_latest_is_replaced_in_one_rename(net, tmp_path):
-    (tmp_path / "old").mkdir()
-    (tmp_path / "new").mkdir()
-    (tmp_path / "latest").symlink_to("old")
-    net.point_latest(tmp_path, "new")
-    assert os.readlink(tmp_path / "latest") == "new"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "new", "old"]

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from specfleet_helpers.files import tmp_sibling, write_json_atomic
-from specfleet_helpers.host import procs, stamps
+from specfleet_helpers.host import procs
 
 PROG = "python -m specfleet_helpers.host.host_lock"
 EXIT_HELD = 4
@@ -415,6 +415,52 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def add_acquire_arguments(acq: argparse.ArgumentParser) -> None:
+    """The arguments of `acquire`, shared with session open (which takes the lock too)."""
+    acq.add_argument("--lock", required=True, type=Path, help="<specfleet_root>/run/lock.json")
+    acq.add_argument("--token", required=True, help="this run's token (unique per run)")
+    acq.add_argument(
+        "--owner",
+        required=True,
+        type=_json_object,
+        metavar="JSON",
+        help='JSON object describing this run, e.g. {"controller": ..., "pid": ...,'
+        ' "user": ..., "playbook": ...}',
+    )
+    acq.add_argument(
+        "--wait-s",
+        type=_seconds,
+        default=0.0,
+        metavar="N",
+        help="seconds to wait for another run to release the lock (default 0)",
+    )
+    acq.add_argument(
+        "--stale-after-s",
+        type=_positive_seconds,
+        default=DEFAULT_STALE_AFTER_S,
+        metavar="M",
+        help="take over a lock whose heartbeat is older than this (default %(default).0f)",
+    )
+    acq.add_argument(
+        "--break-token",
+        metavar="TOKEN2",
+        help="take over the lock if TOKEN2 holds it (the controller found its owner dead)",
+    )
+    acq.add_argument(
+        "--keep-abandoned",
+        action="store_true",
+        help="when taking over a lock, leave the stages and servers its run left running "
+        "(default: stop them)",
+    )
+    acq.add_argument(
+        "--poll-s",
+        type=_positive_seconds,
+        default=DEFAULT_POLL_S,
+        metavar="S",
+        help="seconds between looks at the lock while waiting (default %(default).0f)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -442,55 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
             "exit 4 with {acquired: false, holder} if the other run still holds it."
         ),
     )
-    acq.add_argument("--lock", required=True, type=Path, help="<specfleet_root>/run/lock.json")
-    acq.add_argument("--token", required=True, help="this run's token (unique per run)")
-    acq.add_argument(
-        "--owner",
-        required=True,
-        type=_json_object,
-        metavar="JSON",
-        help='JSON object describing this run, e.g. {"controller": ..., "pid": ...,'
-        ' "user": ..., "playbook": ...}',
-    )
-    acq.add_argument(
-        "--wait-s",
-        type=_seconds,
-        default=0.0,
-        metavar="N",
-        help="seconds to wait for another run to release the lock (default 0)",
-    )
-    acq.add_argument(
-        "--stale-after-s",
-        type=_positive_seconds,
-        default=DEFAULT_STALE_AFTER_S,
-        metavar="M",
-        help="take over a lock whose heartbeat is older than this (default %(default).0f)",
-    )
-    acq.add_argument(
-        "--state-dir",
-        type=Path,
-        help="once the lock is held, also print what the work root's state records (the output"
-        " of specfleet_helpers.host.stamps) under `state`: a play's session then costs one"
-        " process, not two",
-    )
-    acq.add_argument(
-        "--break-token",
-        metavar="TOKEN2",
-        help="take over the lock if TOKEN2 holds it (the controller found its owner dead)",
-    )
-    acq.add_argument(
-        "--keep-abandoned",
-        action="store_true",
-        help="when taking over a lock, leave the stages and servers its run left running "
-        "(default: stop them)",
-    )
-    acq.add_argument(
-        "--poll-s",
-        type=_positive_seconds,
-        default=DEFAULT_POLL_S,
-        metavar="S",
-        help="seconds between looks at the lock while waiting (default %(default).0f)",
-    )
+    add_acquire_arguments(acq)
 
     hb = sub.add_parser(
         "heartbeat",
@@ -528,11 +526,9 @@ def _error(message: str) -> None:
 RESULT_KEY = {"acquire": "acquired", "heartbeat": "held", "release": "released"}
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "read":
-        print(json.dumps(read(args.lock), sort_keys=True))
-        return 0
+def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    """Run the parsed acquire, heartbeat or release: (exit status, the JSON line's object);
+    a failure is also said on stderr."""
     try:
         if args.command == "acquire":
             result = acquire(
@@ -555,16 +551,22 @@ def main(argv: Optional[list[str]] = None) -> int:
         failed: dict[str, Any] = {key: False, "error": message}
         if args.command == "acquire":
             failed["changed"] = False
-        print(json.dumps(failed, sort_keys=True))
         _error(message)
-        return 1
-    if args.command == "acquire" and args.state_dir is not None and result["acquired"]:
-        result["state"] = stamps.load_all(args.state_dir)
-    print(json.dumps(result, sort_keys=True))
+        return 1, failed
     if args.command != "release" and not result[RESULT_KEY[args.command]]:
         _error(result["message"])
-        return EXIT_HELD
-    return 0
+        return EXIT_HELD, result
+    return 0, result
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "read":
+        print(json.dumps(read(args.lock), sort_keys=True))
+        return 0
+    rc, result = run(args)
+    print(json.dumps(result, sort_keys=True))
+    return rc
 
 
 if __name__ == "__main__":

@@ -956,6 +956,14 @@ def write_report(
     write_atomic(out_dir / "fleet.json", document)
 
 
+def point_latest(link: Path, report_dir: Path) -> None:
+    """`link` -> report_dir (relative when they share a directory), replaced in one rename:
+    a reader sees the old report or the new one, never neither."""
+    target = report_dir.name if report_dir.parent == link.parent else str(report_dir.resolve())
+    with atomic_path(link) as tmp:
+        tmp.symlink_to(target)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m specfleet_helpers.report.fleet_report",
@@ -965,10 +973,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         ),
     )
     parser.add_argument(
-        "--input", type=Path, required=True, help="the host report JSON collected by the play"
+        "--input",
+        type=Path,
+        required=True,
+        help="the host report JSON collected by the play; '-': read it from stdin and keep it"
+        " as hosts.json in --out-dir",
     )
     parser.add_argument(
         "--out-dir", type=Path, required=True, help="directory for the report (created)"
+    )
+    parser.add_argument(
+        "--latest",
+        type=Path,
+        help="once the report is written, point this symlink at --out-dir (e.g. reports/latest)",
     )
     parser.add_argument(
         "--artifact-junit",
@@ -976,8 +993,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="pytest junit XML of the testinfra artifact suite run against the hosts",
     )
     args = parser.parse_args(argv)
+    source = args.input
+    if str(source) == "-":
+        # Kept first, as it came: the raw input of a report, readable even when it is refused.
+        source = args.out_dir / "hosts.json"
+        try:
+            args.out_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(source, sys.stdin.read())
+        except OSError as exc:
+            print(f"fleet_report: cannot write {source}: {exc}", file=sys.stderr)
+            return 1
     try:
-        doc = load_input(args.input)
+        doc = load_input(source)
         artifacts = None
         if args.artifact_junit is not None:
             artifacts = read_artifact_junit(args.artifact_junit, list(doc["hosts"]))
@@ -987,6 +1014,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     report = build_report(doc, artifacts)
     try:
         write_report(report, artifacts, args.out_dir)
+        if args.latest is not None:
+            point_latest(args.latest, args.out_dir)
     except OSError as exc:
         print(f"fleet_report: cannot write the report to {args.out_dir}: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,203 @@
+"""A play's start and end on a host, each one process (one Ansible task, one connection).
+
+``open`` (roles/session/tasks/lock.yml, first in every play):
+    the work root's layout, the host lock (host_lock acquire), what earlier runs left
+    (stamps), the checksums of the files the play writes, and the verification of the
+    stamped stages the play may skip (stage_verify):
+    a stage of the play whose inputs are unchanged then needs no host call of its own to be
+    found up to date (roles/stage/tasks/begin.yml uses the result while the checker is the
+    one the role would run).
+``close`` (roles/validate/tasks/collect.yml, at the report):
+    the verification of the stamped stages this run did not check, what the work root
+    records, the installed versions, then the host lock released.
+
+Prints one JSON line; the lock part is host_lock's own (acquire: {acquired, changed, broke},
+release: {released}), with ``state`` ({stamps, failures, environment}), ``verification``
+({stage: stage_verify result}) and, for open, ``files`` ({path: {sha1, mode} | null}), for
+close, ``versions`` added. Exit status as host_lock:
+0 done; 4 held by another run (open); 1 other failures; 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from specfleet_helpers.checks import stage_verify
+from specfleet_helpers.host import host_lock, stamps
+
+PROG = "python -m specfleet_helpers.host.session"
+LAYOUT_MODE = 0o750
+
+
+def lay_out(dirs: list[Path]) -> None:
+    """Create the work root's directories that are missing (mode 0750, as the file task that
+    creates them on a first run); existing ones are left as they are."""
+    for path in dirs:
+        if not path.is_dir():
+            path.mkdir(parents=True, exist_ok=True)
+            os.chmod(path, LAYOUT_MODE)
+
+
+def file_facts(paths: list[Path]) -> dict[str, Optional[dict[str, str]]]:
+    """{path: {"sha1": ..., "mode": "0640"}} of each regular file, None when it is missing:
+    what Ansible's copy and template compare before writing, so that a play can leave an
+    unchanged file alone without a round trip of its own."""
+    facts: dict[str, Optional[dict[str, str]]] = {}
+    for path in paths:
+        try:
+            data = path.read_bytes()
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            facts[str(path)] = None
+            continue
+        facts[str(path)] = {"sha1": hashlib.sha1(data).hexdigest(), "mode": f"{mode:04o}"}
+    return facts
+
+
+def _stages(text: str) -> set[str]:
+    return {s for s in text.split(",") if s}
+
+
+def verification(state_dir: Path, only: Optional[set[str]], skip: set[str]) -> dict[str, Any]:
+    """stage_verify's result for every stamped stage in `only` (every one when None) but not
+    in `skip`, with the work root's hash index and kept checker results."""
+    index = stage_verify.HashIndex(stage_verify.default_index(state_dir))
+    kept = stage_verify.CheckerResults(stage_verify.default_checker_results(state_dir))
+    stamped = set(stamps.load(state_dir))
+    leave_out = skip | (stamped - only if only is not None else set())
+    results = stage_verify.check_all(state_dir, leave_out, index=index, results=kept)
+    index.save()
+    kept.save()
+    return results
+
+
+def installed_versions(state: dict[str, Any]) -> dict[str, Any]:
+    """stack_report's versions of the stage interpreter speculators_install's stamp names; {}
+    without that stamp or when the interpreter cannot tell (the report then shows none)."""
+    install = state["stamps"].get("speculators_install") or {}
+    python = (install.get("artifacts") or {}).get("python")
+    if not isinstance(python, str) or not python:
+        return {}
+    try:
+        done = subprocess.run(
+            [python, "-m", "specfleet_helpers.checks.stack_report"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        versions = json.loads(done.stdout) if done.returncode == 0 else {}
+    except (OSError, ValueError):
+        return {}
+    return versions if isinstance(versions, dict) else {}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    op = sub.add_parser(
+        "open",
+        help="lay out the work root, take the host lock, print the stamps and the verification",
+        description=(
+            "Create the --layout directories, take the host lock as host_lock acquire does, and"
+            " once it is held print the work root's state and the verification of the stamped"
+            " stages named by --verify."
+        ),
+    )
+    host_lock.add_acquire_arguments(op)
+    op.add_argument(
+        "--layout",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory of the work root to create when missing (repeatable)",
+    )
+    op.add_argument("--state-dir", type=Path, required=True, help="<specfleet_root>/state")
+    op.add_argument(
+        "--file",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a file the play writes when it changed: print its sha1 and mode under `files`"
+        " (repeatable)",
+    )
+    op.add_argument(
+        "--verify",
+        default="",
+        metavar="STAGES",
+        help="comma-separated stages to verify when stamped (the play's stages it may skip)",
+    )
+    cl = sub.add_parser(
+        "close",
+        help="verify the stamped stages not checked yet, print the state, release the lock",
+        description=(
+            "Print the verification of every stamped stage but --skip, the work root's state and"
+            " (--versions) the stage interpreter's versions, then release the host lock when"
+            " --token is given (validate.yml on its own holds none)."
+        ),
+    )
+    cl.add_argument("--state-dir", type=Path, required=True, help="<specfleet_root>/state")
+    cl.add_argument(
+        "--skip",
+        default="",
+        metavar="STAGES",
+        help="comma-separated stages this run already checked",
+    )
+    cl.add_argument(
+        "--versions",
+        action="store_true",
+        help="also print the installed versions of the interpreter that speculators_install's"
+        " stamp names (stack_report)",
+    )
+    cl.add_argument("--lock", type=Path, help="<specfleet_root>/run/lock.json")
+    cl.add_argument("--token", help="this run's token: release the lock when it holds it")
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "open":
+        try:
+            lay_out(args.layout)
+        except OSError as exc:
+            message = f"cannot lay out the work root: {exc}"
+            print(json.dumps({"acquired": False, "changed": False, "error": message}))
+            print(f"session: {message}", file=sys.stderr)
+            return 1
+        args.command = "acquire"
+        rc, result = host_lock.run(args)
+        if rc == 0:
+            result["state"] = stamps.load_all(args.state_dir)
+            result["verification"] = verification(args.state_dir, _stages(args.verify), set())
+            result["files"] = file_facts(args.file)
+        print(json.dumps(result, sort_keys=True))
+        return rc
+    if (args.lock is None) != (args.token is None):
+        parser.error("close: --lock and --token go together")
+    result = {
+        "verification": verification(args.state_dir, None, _stages(args.skip)),
+        "state": stamps.load_all(args.state_dir),
+    }
+    if args.versions:
+        result["versions"] = installed_versions(result["state"])
+    rc = 0
+    if args.token is not None:
+        args.command = "release"
+        rc, released = host_lock.run(args)
+        result.update(released)
+    print(json.dumps(result, sort_keys=True))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

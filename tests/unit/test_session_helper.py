@@ -1,0 +1,180 @@
+"""Tests for specfleet_helpers.host.session: a play's start and end on a host in one process,
+run as Ansible runs it (``python -m``), on real files, with real checker processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from specfleet_helpers.checks import stage_verify
+from specfleet_helpers.host import stamps
+
+HELPERS = Path(__file__).resolve().parents[2] / "python_helpers"
+OWNER = {"controller": "ctl1", "pid": 1234, "user": "root", "playbook": "site.yml"}
+
+
+def session(*args: object) -> tuple[int, dict[str, Any], str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "specfleet_helpers.host.session", *(str(a) for a in args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1, f"expected one JSON line, got {done.stdout!r} ({done.stderr!r})"
+    return done.returncode, json.loads(lines[0]), done.stderr
+
+
+def open_(root: Path, token: str, *extra: object) -> tuple[int, dict[str, Any], str]:
+    return session(
+        "open",
+        f"--lock={root / 'run' / 'lock.json'}",
+        f"--token={token}",
+        f"--owner={json.dumps(OWNER)}",
+        f"--state-dir={root / 'state'}",
+        *(f"--layout={root / d}" for d in ("", "state", "run", "logs", "lib")),
+        *extra,
+    )
+
+
+def stamped(root: Path, stage: str, checker_prints: dict[str, Any]) -> list[str]:
+    """A stage with one artifact file, stamped by a checker that counts its runs."""
+    out = root / "out" / stage
+    out.mkdir(parents=True)
+    (out / "weights.bin").write_bytes(b"w" * 64)
+    runs = root / f"{stage}.runs"
+    code = (
+        f"import pathlib, sys; p = pathlib.Path({str(runs)!r}); "
+        "p.write_text(str(int(p.read_text() or 0) + 1) if p.exists() else '1'); "
+        f"print({json.dumps(json.dumps(checker_prints))})"
+    )
+    argv = [sys.executable, "-c", code]
+    stamps.write(
+        root / "state",
+        {
+            "stage": stage,
+            "run_id": f"{stage}-r1",
+            "metrics": checker_prints,
+            "artifacts": {"out": str(out)},
+            "manifest": stage_verify.manifest([out]),
+            "verify_argv": argv,
+        },
+    )
+    return argv
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "specfleet root"
+
+
+def test_open_lays_out_the_root_takes_the_lock_and_verifies_the_named_stages(root: Path):
+    rc, result, err = open_(root, "run-a")
+    assert rc == 0, err
+    assert result["acquired"] and result["state"]["stamps"] == {} and result["verification"] == {}
+    for name in ("state", "run", "logs", "lib"):
+        assert stat.S_IMODE((root / name).stat().st_mode) == 0o750
+    stamped(root, "data", {"rows": 4})
+    stamped(root, "train", {"val_loss_finite": True})
+
+    rc, result, err = open_(root, "run-a", "--verify=data,serve")
+    assert rc == 0, err
+    # Only the named stages that have a stamp: serve has none, train was not named.
+    assert set(result["verification"]) == {"data"}
+    assert result["verification"]["data"]["status"] == "ok"
+    assert set(result["state"]["stamps"]) == {"data", "train"}
+    assert (root / "data.runs").read_text() == "1" and not (root / "train.runs").exists()
+
+
+def test_open_recreates_a_removed_directory_of_the_layout(root: Path):
+    assert open_(root, "run-a")[0] == 0
+    (root / "logs").rmdir()
+    assert open_(root, "run-a")[0] == 0
+    assert (root / "logs").is_dir()
+
+
+def test_open_refused_by_another_run_prints_neither_state_nor_verification(root: Path):
+    assert open_(root, "run-a")[0] == 0
+    stamped(root, "data", {"rows": 4})
+    rc, result, err = open_(root, "run-b", "--verify=data")
+    assert rc == 4 and not result["acquired"], result
+    assert "state" not in result and "verification" not in result
+    assert "held by" in err or "host_lock" in err
+    assert not (root / "data.runs").exists()
+
+
+def test_open_reports_damage_in_the_words_begin_records(root: Path):
+    assert open_(root, "run-a")[0] == 0
+    stamped(root, "data", {"rows": 4})
+    (root / "out" / "data" / "weights.bin").write_bytes(b"short")
+    rc, result, _ = open_(root, "run-a", "--verify=data")
+    assert rc == 0
+    found = result["verification"]["data"]
+    assert found["status"] == "damaged" and "weights.bin" in found["problem"], found
+
+
+def test_close_verifies_what_the_run_did_not_check_then_releases(root: Path):
+    assert open_(root, "run-a")[0] == 0
+    stamped(root, "data", {"rows": 4})
+    stamped(root, "train", {"val_loss_finite": True})
+    lock = root / "run" / "lock.json"
+    rc, result, err = session(
+        "close", f"--state-dir={root / 'state'}", "--skip=data", f"--lock={lock}", "--token=run-a"
+    )
+    assert rc == 0, err
+    assert set(result["verification"]) == {"train"} and result["released"] is True
+    assert set(result["state"]["stamps"]) == {"data", "train"}
+    assert not lock.exists()
+
+
+def test_close_on_its_own_holds_no_lock_and_reports_the_versions(root: Path):
+    assert open_(root, "run-a")[0] == 0
+    stamps.write(
+        root / "state",
+        {"stage": "speculators_install", "run_id": "s1", "artifacts": {"python": sys.executable}},
+    )
+    rc, result, err = session("close", f"--state-dir={root / 'state'}", "--versions")
+    assert rc == 0, err
+    assert "released" not in result
+    assert result["versions"]["executable"] == sys.executable
+    assert (root / "run" / "lock.json").exists()
+
+
+def test_close_wants_the_lock_and_its_token_together(root: Path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specfleet_helpers.host.session",
+            "close",
+            "--state-dir=x",
+            "--lock=y",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )
+    assert done.returncode == 2 and "--lock and --token go together" in done.stderr
+
+
+def test_open_prints_the_sha1_and_mode_of_the_files_the_play_writes(root: Path):
+    wrapper = root / "run" / "specfleet-env"
+    assert open_(root, "run-a")[0] == 0
+    wrapper.write_text('#!/bin/sh\nexec "$@"\n')
+    wrapper.chmod(0o750)
+    rc, result, err = open_(
+        root, "run-a", f"--file={wrapper}", f"--file={root / 'state' / 'x.json'}"
+    )
+    assert rc == 0, err
+    assert result["files"] == {
+        str(wrapper): {"sha1": hashlib.sha1(wrapper.read_bytes()).hexdigest(), "mode": "0750"},
+        str(root / "state" / "x.json"): None,
+    }
