@@ -48,7 +48,7 @@ class Stage:
         path.write_text("set -u\n" + body)
         return path
 
-    def start_cli(self, timeout_s: float = 60, script: Path | None = None) -> dict:
+    def start_cli(self, timeout_s: float = 60, script: Path | None = None, *extra: str) -> dict:
         proc = subprocess.run(
             [
                 sys.executable,
@@ -60,6 +60,7 @@ class Stage:
                 f"--log={self.log}",
                 f"--script={script or self.script}",
                 f"--timeout={timeout_s}",
+                *extra,
             ],
             capture_output=True,
             text=True,
@@ -251,6 +252,18 @@ def test_cli_start_returns_at_once_without_holding_stdout(stages):
     assert stage.status()["state"] == "running"
     assert stage_run.stop(stage.run_dir, stage.name)["stopped"] is True
     assert wait_until(lambda: not pid_alive(started["pid"]), 5)
+
+
+def test_cli_start_withdraws_the_stamp_before_the_script_runs(stages):
+    stage = stages("withdrawn")
+    stamp = stage.tmp / "state" / "withdrawn.json"
+    stamp.parent.mkdir()
+    stamp.write_text('{"stage": "withdrawn"}')
+    seen = stage.tmp / "seen"
+    stage.write(f"test -e {stamp} && echo present > {seen} || echo absent > {seen}\n")
+    stage.start_cli(60, None, f"--withdraw={stamp}", f"--withdraw={stage.tmp / 'never-there.json'}")
+    assert stage.wait_finished()["rc"] == 0
+    assert not stamp.exists() and seen.read_text().strip() == "absent"
 
 
 def test_cli_rejects_a_missing_script(tmp_path):

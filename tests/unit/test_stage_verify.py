@@ -507,3 +507,26 @@ def test_cli_keeps_checker_results_beside_the_state_dir_unless_told_not_to(
     assert stage_verify.main([*args, "--checker-results=none"]) == 0
     assert stage_verify.main(["check-all", f"--state-dir={state}", "--checker-results=none"]) == 0
     assert runs_of(runs) == 3
+
+
+def test_publish_runs_the_checker_then_lists_the_files(tmp_path: Path, capsys) -> None:
+    top = artifacts(tmp_path / "ckpt")
+    argv = checker({"rows": 10})
+    assert stage_verify.main(["publish", f"--checker-json={json.dumps(argv)}", str(top)]) == 0
+    published = json.loads(capsys.readouterr().out)
+    assert published["ok"] and published["metrics"] == {"rows": 10}
+    assert published["manifest"] == stage_verify.manifest([top])
+
+
+def test_publish_of_a_failed_checker_gives_its_own_words_and_no_list(tmp_path, capsys) -> None:
+    top = artifacts(tmp_path / "ckpt")
+    argv = checker({}, rc=3)
+    assert stage_verify.main(["publish", f"--checker-json={json.dumps(argv)}", str(top)]) == 1
+    published = json.loads(capsys.readouterr().out)
+    assert not published["ok"] and published["manifest"] is None
+    assert "dataset check failed: no rows" in published["output"]
+    # A missing artifact is refused by name, as the manifest command refuses it.
+    gone = tmp_path / "gone"
+    argv = checker({"rows": 1})
+    assert stage_verify.main(["publish", f"--checker-json={json.dumps(argv)}", str(gone)]) == 1
+    assert f"artifact {gone} does not exist" in json.loads(capsys.readouterr().out)["output"]

@@ -419,6 +419,18 @@ def verify(
     return out
 
 
+def publish(checker: list[str], paths: list[Path]) -> dict[str, Any]:
+    """A stage's new artifacts, after its script ended: its checker's verdict and, when it
+    passed, the manifest of `paths` for the stamp. {"ok", "metrics", "manifest", "output"}:
+    `metrics` the checker's facts (its last line), `output` its own words when it failed."""
+    try:
+        metrics = run_checker(checker)
+        listed = manifest(paths)
+    except VerifyError as exc:
+        return {"ok": False, "metrics": None, "manifest": None, "output": exc.output or str(exc)}
+    return {"ok": True, "metrics": metrics, "manifest": listed, "output": ""}
+
+
 def record_missing(
     state_dir: Path,
     stamp: dict[str, Any],
@@ -482,6 +494,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     m = sub.add_parser("manifest", help="print the manifest of artifact paths as JSON")
     m.add_argument("paths", nargs="*", type=Path)
+    pub = sub.add_parser(
+        "publish",
+        help="run the checker on a stage's new artifacts, then list them; print {ok, metrics,"
+        " manifest, output} (roles/stage/tasks/redo.yml)",
+    )
+    pub.add_argument(
+        "--checker-json", required=True, help="the stage's checker argv as a JSON list"
+    )
+    pub.add_argument("paths", nargs="*", type=Path, help="the artifact paths the stamp lists")
     c = sub.add_parser("check", help="verify one stage; exit 1 with one line when it does not")
     c.add_argument("--state-dir", type=Path, required=True, help="<specfleet_root>/state")
     c.add_argument("--stage", required=True)
@@ -534,6 +555,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"manifest: {exc}", file=sys.stderr)
             return 1
         return 0
+    if args.command == "publish":
+        result = publish(json.loads(args.checker_json), args.paths)
+        print(json.dumps(result, sort_keys=True))
+        return 0 if result["ok"] else 1
     index = HashIndex(
         None if str(args.index) == "none" else args.index or default_index(args.state_dir)
     )

@@ -283,6 +283,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.add_argument(
                 "--timeout", required=True, type=float, help="seconds before the stage is stopped"
             )
+            p.add_argument(
+                "--withdraw",
+                type=Path,
+                action="append",
+                default=[],
+                metavar="FILE",
+                help="remove FILE (the stage's stamp) before the script starts, so that a stage"
+                " interrupted part-way leaves no stamp vouching for half-written artifacts"
+                " (repeatable)",
+            )
         if cmd == "status":
             p.add_argument(
                 "--tail", type=int, default=40, help="log lines to include once finished"
@@ -301,6 +311,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.command == "start":
         if not args.script.is_file():
             parser.error(f"--script {args.script} does not exist")
+        for stamp in args.withdraw:
+            stamp.unlink(missing_ok=True)
         result = start(args.script, args.log, args.run_dir, args.name, args.timeout)
     elif args.command == "status":
         if args.lock and args.lock_token:
