@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -509,24 +510,73 @@ def test_cli_keeps_checker_results_beside_the_state_dir_unless_told_not_to(
     assert runs_of(runs) == 3
 
 
-def test_publish_runs_the_checker_then_lists_the_files(tmp_path: Path, capsys) -> None:
+STAMP = {"stage": "train", "fingerprint": "f" * 64, "ended": "2026-12-03T10:00:00+00:00"}
+
+
+def publish_cli(state: Path, *args: str) -> list[str]:
+    return ["publish", f"--state-dir={state}", f"--stamp-json={json.dumps(STAMP)}", *args]
+
+
+def test_publish_runs_the_checker_lists_the_files_and_writes_the_stamp(tmp_path, capsys) -> None:
     top = artifacts(tmp_path / "ckpt")
+    state = tmp_path / "state"
+    state.mkdir()
     argv = checker({"rows": 10})
-    assert stage_verify.main(["publish", f"--checker-json={json.dumps(argv)}", str(top)]) == 0
+    assert (
+        stage_verify.main(publish_cli(state, f"--checker-json={json.dumps(argv)}", str(top))) == 0
+    )
     published = json.loads(capsys.readouterr().out)
-    assert published["ok"] and published["metrics"] == {"rows": 10}
-    assert published["manifest"] == stage_verify.manifest([top])
+    # The run id finish.yml made in Jinja: sha256(fingerprint ~ ended), 16 digits.
+    expected_id = hashlib.sha256(("f" * 64 + STAMP["ended"]).encode()).hexdigest()[:16]
+    assert published == {
+        "ok": True,
+        "run_id": expected_id,
+        "metrics": {"rows": 10},
+        "files": 4,
+        "output": "",
+    }
+    stamp = json.loads((state / "train.json").read_text())
+    assert stamp == {
+        **STAMP,
+        "run_id": expected_id,
+        "metrics": {"rows": 10},
+        "manifest": stage_verify.manifest([top]),
+    }
+    assert oct((state / "train.json").stat().st_mode & 0o777) == "0o640"
+    assert stage_verify.verify(stamp)["status"] == "ok"
 
 
-def test_publish_of_a_failed_checker_gives_its_own_words_and_no_list(tmp_path, capsys) -> None:
+def test_publish_with_the_metrics_a_role_read(tmp_path, capsys) -> None:
+    top = artifacts(tmp_path / "models")
+    state = tmp_path / "state"
+    state.mkdir()
+    metrics = {"verifier": {"hidden_size": 128}}
+    assert (
+        stage_verify.main(publish_cli(state, f"--metrics-json={json.dumps(metrics)}", str(top)))
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["metrics"] == metrics
+    assert json.loads((state / "train.json").read_text())["metrics"] == metrics
+
+
+def test_publish_of_a_failed_checker_gives_its_own_words_and_writes_nothing(
+    tmp_path, capsys
+) -> None:
     top = artifacts(tmp_path / "ckpt")
+    state = tmp_path / "state"
+    state.mkdir()
     argv = checker({}, rc=3)
-    assert stage_verify.main(["publish", f"--checker-json={json.dumps(argv)}", str(top)]) == 1
+    assert (
+        stage_verify.main(publish_cli(state, f"--checker-json={json.dumps(argv)}", str(top))) == 1
+    )
     published = json.loads(capsys.readouterr().out)
-    assert not published["ok"] and published["manifest"] is None
+    assert not published["ok"] and published["run_id"] is None
     assert "dataset check failed: no rows" in published["output"]
     # A missing artifact is refused by name, as the manifest command refuses it.
     gone = tmp_path / "gone"
     argv = checker({"rows": 1})
-    assert stage_verify.main(["publish", f"--checker-json={json.dumps(argv)}", str(gone)]) == 1
+    assert (
+        stage_verify.main(publish_cli(state, f"--checker-json={json.dumps(argv)}", str(gone))) == 1
+    )
     assert f"artifact {gone} does not exist" in json.loads(capsys.readouterr().out)["output"]
+    assert list(state.iterdir()) == []

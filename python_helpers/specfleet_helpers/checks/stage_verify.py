@@ -49,6 +49,7 @@ import re
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
@@ -419,16 +420,44 @@ def verify(
     return out
 
 
-def publish(checker: list[str], paths: list[Path]) -> dict[str, Any]:
-    """A stage's new artifacts, after its script ended: its checker's verdict and, when it
-    passed, the manifest of `paths` for the stamp. {"ok", "metrics", "manifest", "output"}:
-    `metrics` the checker's facts (its last line), `output` its own words when it failed."""
+def run_id(fingerprint: str, ended: Optional[str]) -> str:
+    """A stage's run id: new every time it really runs (downstream stages fingerprint it), the
+    sha256 of its fingerprint and its end (now, for a stage without a script), 16 digits."""
+    ended = ended or datetime.now(timezone.utc).isoformat()
+    return hashlib.sha256(f"{fingerprint}{ended}".encode()).hexdigest()[:16]
+
+
+def publish(
+    state_dir: Path,
+    stamp: dict[str, Any],
+    paths: list[Path],
+    checker: Optional[list[str]] = None,
+    metrics: Optional[dict[str, Any]] = None,
+) -> dict[str, Any]:
+    """Stamp a stage that just ran (roles/stage/tasks/finish.yml): its checker on the new
+    artifacts (or the `metrics` its role already read), the manifest of `paths`, then the
+    stamp, written at once. {"ok", "run_id", "metrics", "files", "output"}: `output` is the
+    checker's own words when it failed; nothing is written then."""
     try:
-        metrics = run_checker(checker)
+        fresh = run_checker(checker) if checker is not None else dict(metrics or {})
         listed = manifest(paths)
     except VerifyError as exc:
-        return {"ok": False, "metrics": None, "manifest": None, "output": exc.output or str(exc)}
-    return {"ok": True, "metrics": metrics, "manifest": listed, "output": ""}
+        return {
+            "ok": False,
+            "run_id": None,
+            "metrics": None,
+            "files": None,
+            "output": exc.output or str(exc),
+        }
+    rid = stamp.get("run_id") or run_id(str(stamp["fingerprint"]), stamp.get("ended"))
+    stamps.write(state_dir, {**stamp, "run_id": rid, "metrics": fresh, "manifest": listed})
+    return {
+        "ok": True,
+        "run_id": rid,
+        "metrics": fresh,
+        "files": len(listed["files"]),
+        "output": "",
+    }
 
 
 def record_missing(
@@ -496,12 +525,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     m.add_argument("paths", nargs="*", type=Path)
     pub = sub.add_parser(
         "publish",
-        help="run the checker on a stage's new artifacts, then list them; print {ok, metrics,"
-        " manifest, output} (roles/stage/tasks/redo.yml)",
+        help="stamp a stage that just ran: its checker (or --metrics-json), the file list, then"
+        " the stamp; print {ok, run_id, metrics, files, output}",
     )
+    pub.add_argument("--state-dir", type=Path, required=True, help="<specfleet_root>/state")
     pub.add_argument(
-        "--checker-json", required=True, help="the stage's checker argv as a JSON list"
+        "--stamp-json",
+        required=True,
+        help="the stamp but its manifest and metrics (finish.yml); its run_id is made here when"
+        " it has none",
     )
+    given = pub.add_mutually_exclusive_group(required=True)
+    given.add_argument("--checker-json", help="the stage's checker argv as a JSON list")
+    given.add_argument("--metrics-json", help="the metrics its role already read, as JSON")
     pub.add_argument("paths", nargs="*", type=Path, help="the artifact paths the stamp lists")
     c = sub.add_parser("check", help="verify one stage; exit 1 with one line when it does not")
     c.add_argument("--state-dir", type=Path, required=True, help="<specfleet_root>/state")
@@ -556,7 +592,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 1
         return 0
     if args.command == "publish":
-        result = publish(json.loads(args.checker_json), args.paths)
+        result = publish(
+            args.state_dir,
+            json.loads(args.stamp_json),
+            args.paths,
+            checker=json.loads(args.checker_json) if args.checker_json else None,
+            metrics=json.loads(args.metrics_json) if args.metrics_json else None,
+        )
         print(json.dumps(result, sort_keys=True))
         return 0 if result["ok"] else 1
     index = HashIndex(
