@@ -6,7 +6,6 @@ process: a command task for it cost a module run and an interpreter start on eve
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -46,4 +45,4 @@ class LookupModule(LookupBase):
             raise AnsibleLookupError(
                 f"specfleet_helpers_bundle: cannot write {terms[0]}: {exc}"
             ) from exc
-        return [{"path": str(out), "sha1": hashlib.sha1(out.read_bytes()).hexdigest()}]
+        return [{"path": str(out), "sha1": bundle.sha1(out)}]

@@ -35,6 +35,11 @@ def build(out: Path, package_dir: Path = PACKAGE_DIR) -> Path:
     return out
 
 
+def sha1(path: Path) -> str:
+    """The zip's sha1: the checksum ansible.builtin.stat reports for its copy on a host."""
+    return hashlib.sha1(path.read_bytes()).hexdigest()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m specfleet_helpers.bundle",
@@ -47,7 +52,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="zip file to write")
     args = parser.parse_args(argv)
     out = build(args.out)
-    print(json.dumps({"path": str(out), "sha1": hashlib.sha1(out.read_bytes()).hexdigest()}))
+    print(json.dumps({"path": str(out), "sha1": sha1(out)}))
     return 0
 
 
