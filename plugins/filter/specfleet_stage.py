@@ -1,8 +1,9 @@
 """Filters for the stage contract (roles/stage/tasks/begin.yml).
 
 stage_plan: one stage's inputs against its stamp. Computed by one filter in one set_fact key,
-so the stage's rendered script (one of its inputs) is rendered once per stage: a set_fact of
-several keys that each refer to the inputs renders them once per key.
+so the stage's rendered script (one of its inputs, by its sha256) is rendered once per stage: a
+set_fact of several keys that each refer to the inputs renders them once per key. The plan
+keeps the script's text, which the stage's start then writes on the host (run.yml).
 """
 
 from __future__ import annotations
@@ -27,9 +28,17 @@ def changed_inputs(inputs: Mapping[str, Any], previous: Mapping[str, Any]) -> li
     )
 
 
-def stage_plan(inputs: Mapping[str, Any], stamp: Mapping[str, Any], forced: bool) -> dict[str, Any]:
-    """{inputs, fingerprint, reason}: reason is why the stage must run, '' when its stamp still
-    matches (its artifacts are then checked by the verifier)."""
+def stage_plan(
+    inputs: Mapping[str, Any],
+    stamp: Mapping[str, Any],
+    forced: bool,
+    script: str | None = None,
+) -> dict[str, Any]:
+    """{inputs, fingerprint, reason, script}: reason is why the stage must run, '' when its
+    stamp still matches (its artifacts are then checked by the verifier). A rendered `script`
+    is an input too, as `script_sha256`: a changed command line redoes the stage."""
+    if script is not None:
+        inputs = {**inputs, "script_sha256": get_hash(script, "sha256")}
     current = fingerprint(inputs)
     if forced:
         reason = "forced by specfleet_force_stages"
@@ -39,7 +48,7 @@ def stage_plan(inputs: Mapping[str, Any], stamp: Mapping[str, Any], forced: bool
         reason = "inputs changed: " + ", ".join(changed_inputs(inputs, stamp.get("inputs") or {}))
     else:
         reason = ""
-    return {"inputs": dict(inputs), "fingerprint": current, "reason": reason}
+    return {"inputs": dict(inputs), "fingerprint": current, "reason": reason, "script": script}
 
 
 class FilterModule:

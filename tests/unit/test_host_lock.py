@@ -94,7 +94,7 @@ def test_create_refresh_release(lock: Path):
 
     released = cli("release", "--lock", lock, "--token", "run-a")
     assert released.returncode == 0, released.stderr
-    assert output(released) == {"released": True}
+    assert output(released) == {"released": True, "stopped": []}
     assert not lock.exists()
 
     again = cli("release", "--lock", lock, "--token", "run-a")
@@ -461,3 +461,28 @@ def test_taking_over_stops_what_the_abandoned_run_left_running(lock: Path):
         stage_run.stop(run_dir, "slow")
         bystander.kill()
         bystander.wait()
+
+
+def test_release_ends_what_the_run_still_has_running(lock: Path):
+    """A job started ahead of its stage (the hidden-states server, started early) whose stage
+    never came, because an earlier one failed, ends with the run: releasing the lock stops it.
+    Another run's release (wrong token) stops nothing."""
+    from procutil import pid_alive, wait_until
+    from specfleet_helpers.host import stage_run
+
+    run_dir = lock.parent
+    script = run_dir / "early.sh"
+    script.write_text("echo '==> holding'\nsleep 300\n")
+    job = stage_run.start(script, run_dir / "early.log", run_dir, "early", 600)
+    try:
+        assert acquire_cli(lock, "run-a").returncode == 0
+        other = cli("release", "--lock", lock, "--token", "run-b")
+        assert output(other)["released"] is False
+        assert pid_alive(job["pid"])
+        released = cli("release", "--lock", lock, "--token", "run-a")
+        assert released.returncode == 0, released.stderr
+        assert output(released) == {"released": True, "stopped": ["stage early"]}
+        assert wait_until(lambda: not pid_alive(job["pid"]), 10)
+        assert not lock.exists()
+    finally:
+        stage_run.stop(run_dir, "early")

@@ -30,7 +30,9 @@ def declarations() -> dict[str, dict[str, Any]]:
 
 
 def role_order() -> list[str]:
-    """The stage roles in the order the plays run them."""
+    """The stage roles in the order the plays run them: a play's `roles:`, then the roles its
+    `tasks:` import whole (an import of one task file, like hidden_states' early start, is
+    not where the stage runs)."""
     order = []
     for playbook in PLAYBOOKS:
         for play in yaml.safe_load(playbook.read_text()):
@@ -38,6 +40,10 @@ def role_order() -> list[str]:
                 name = role["role"] if isinstance(role, dict) else role
                 if name != "specfleet":
                     order.append(name)
+            for task in play.get("tasks", []):
+                imported = task.get("ansible.builtin.import_role")
+                if imported and "tasks_from" not in imported:
+                    order.append(imported["name"])
     return order
 
 

@@ -36,7 +36,21 @@ def test_an_unchanged_stage_has_no_reason() -> None:
         "inputs": INPUTS,
         "fingerprint": stage_filters.fingerprint(INPUTS),
         "reason": "",
+        "script": None,
     }
+
+
+def test_a_rendered_script_is_an_input_by_its_sha256_and_kept_for_the_start() -> None:
+    """What `lookup('template', ...) | hash('sha256')` put into the inputs before: the same
+    script_sha256, so a stamp from before the change still matches."""
+    script = "#!/usr/bin/env bash\necho '==> train'\n"
+    inputs = {k: v for k, v in INPUTS.items() if k != "script_sha256"}
+    expected = {**inputs, "script_sha256": hashlib.sha256(script.encode()).hexdigest()}
+    plan = stage_filters.stage_plan(inputs, stamp_of(expected), False, script)
+    assert plan["reason"] == "" and plan["inputs"] == expected
+    assert plan["script"] == script
+    edited = stage_filters.stage_plan(inputs, stamp_of(expected), False, script + "exit 1\n")
+    assert edited["reason"] == "inputs changed: script_sha256"
 
 
 def test_forced_and_unstamped_stages_say_why() -> None:

@@ -368,3 +368,42 @@ def test_a_stage_that_ends_between_the_two_reads_of_a_poll_is_finished_not_lost(
     monkeypatch.setattr(stage_run, "read_json", racing)
     result = stage_run.status(stage.log, stage.run_dir, stage.name, 5)
     assert result["state"] == "finished" and result["rc"] == 0, result
+
+
+@pytest.mark.parametrize("ending", ["stops it", "fails"])
+def test_a_server_started_ahead_of_its_stage_is_taken_over_and_ends_with_it(stages, ending: str):
+    """hidden_states' early start: a job of its own starts the server and holds it; the stage
+    adopts it (same command), and its stop, or its EXIT trap when it fails, ends both the
+    server and the job that held it."""
+    port = free_port()
+    server = (
+        f"{shlex.quote(sys.executable)} -m specfleet_helpers.host.vllm_server start --name srv"
+        f" --run-dir {{run}} --log {{run}}/srv.log --port {port} {{adopt}} -- sleep 300"
+    )
+    helper = f"{shlex.quote(sys.executable)} -m specfleet_helpers.host.vllm_server"
+    early, stage = stages("hidden_states_early"), stages("hidden_states")
+    run = shlex.quote(str(stage.run_dir))
+    env = f"export PYTHONPATH={shlex.quote(str(HELPERS))}\n"
+    early.write(
+        env + server.format(run=run, adopt="") + "\necho '==> held'\n"
+        f"{helper} hold --name srv --run-dir {run}\n"
+    )
+    stage_run.start(early.script, early.log, early.run_dir, early.name, 60)
+    held = server_pid(early)
+    assert wait_until(lambda: "==> held" in early.log.read_text(), 20), early.log.read_text()
+    stage.write(
+        env
+        + f"trap '{helper} stop --name srv --run-dir {run} >/dev/null' EXIT\n"
+        + server.format(run=run, adopt="--adopt")
+        + f" > {run}/adopted.json\n"
+        + (f"{helper} stop --name srv --run-dir {run}\n" if ending == "stops it" else "exit 3\n")
+    )
+    stage_run.start(stage.script, stage.log, stage.run_dir, stage.name, 60)
+    result = stage.wait_finished(timeout=30)
+    assert result["rc"] == (0 if ending == "stops it" else 3), stage.log.read_text()
+    adopted = json.loads((stage.run_dir / "adopted.json").read_text())
+    assert adopted["adopted"] is True and adopted["pid"] == held
+    assert not pid_alive(held)
+    job = early.wait_finished(timeout=30)
+    assert job["rc"] == 0, early.log.read_text()
+    assert not (stage.run_dir / "srv.server.json").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -289,6 +290,93 @@ def test_restart_under_the_same_name_stops_the_old_server(fakes):
     assert json.loads(again.stdout)["stopped_stale"] is True
     assert not pid_alive(old)
     assert fake.wait().returncode == 0
+
+
+def test_adopt_keeps_a_live_server_with_the_same_command_and_replaces_any_other(fakes):
+    fake = fakes()
+    assert fake.start().returncode == 0
+    assert fake.wait().returncode == 0
+    early = json.loads(fake.state_file.read_text())["pid"]
+    adopted = cli(
+        "start",
+        f"--name={fake.name}",
+        f"--run-dir={fake.run_dir}",
+        f"--log={fake.log}",
+        f"--port={fake.port}",
+        "--adopt",
+        "--",
+        *fake.argv(),
+        timeout=20,
+    )
+    assert adopted.returncode == 0, adopted.stderr
+    out = json.loads(adopted.stdout)
+    assert out["adopted"] is True and out["started"] is False and out["pid"] == early
+    assert pid_alive(early)
+    # Another command (here: another delay argument) is not the server asked for.
+    other = cli(
+        "start",
+        f"--name={fake.name}",
+        f"--run-dir={fake.run_dir}",
+        f"--log={fake.log}",
+        f"--port={fake.port}",
+        "--adopt",
+        "--",
+        *fake.argv(delay=0.1),
+        timeout=20,
+    )
+    assert other.returncode == 0, other.stderr
+    replaced = json.loads(other.stdout)
+    assert replaced["started"] is True and replaced["stopped_stale"] is True
+    assert not pid_alive(early)
+    assert fake.wait().returncode == 0
+
+
+def test_adopt_of_a_dead_server_starts_a_new_one(fakes):
+    fake = fakes()
+    assert fake.start().returncode == 0
+    assert fake.wait().returncode == 0
+    state = json.loads(fake.state_file.read_text())
+    os.kill(state["pid"], signal.SIGKILL)
+    assert wait_until(lambda: not pid_alive(state["pid"]), 10)
+    again = cli(
+        "start",
+        f"--name={fake.name}",
+        f"--run-dir={fake.run_dir}",
+        f"--log={fake.log}",
+        f"--port={fake.port}",
+        "--adopt",
+        "--",
+        *fake.argv(),
+        timeout=20,
+    )
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["started"] is True
+    assert fake.wait().returncode == 0
+
+
+def test_hold_returns_once_the_server_is_gone(fakes):
+    fake = fakes()
+    assert cli("hold", "--name=none", f"--run-dir={fake.run_dir}").returncode == 0
+    assert fake.start().returncode == 0
+    assert fake.wait().returncode == 0
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specfleet_helpers.host.vllm_server",
+            "hold",
+            f"--name={fake.name}",
+            f"--run-dir={fake.run_dir}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(HELPERS)},
+    )
+    time.sleep(1.0)
+    assert holder.poll() is None, "hold returned while the server still ran"
+    assert fake.stop(grace=5).returncode == 0
+    assert holder.wait(timeout=20) == 0
+    assert json.loads(holder.stdout.read())["held_s"] >= 1.0
 
 
 def test_python_api_and_secret_redaction(fakes):

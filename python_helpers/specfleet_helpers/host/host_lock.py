@@ -366,16 +366,22 @@ def heartbeat(path: PathLike, token: str) -> dict[str, Any]:
 
 
 def release(path: PathLike, token: str) -> dict[str, Any]:
-    """Remove the lock if it is ours: {"released": True}; never remove another run's lock
-    ({"released": False, "holder": lock or None})."""
+    """Remove the lock if it is ours: {"released": True, "stopped": [...]}; never remove
+    another run's lock ({"released": False, "holder": lock or None}).
+
+    What the run still has running under the lock's directory is ended first, while the lock
+    is still held (end_abandoned_work; `stopped` lists it): a job it started ahead of a stage
+    that never came (a server started early, before an earlier stage failed) must not outlive
+    the run."""
     path = Path(path)
     state, lock = _load(path)
     if state == "ok" and lock is not None and lock["token"] == token:
+        stopped = end_abandoned_work(path.parent)
         with _guard(path):
             state, lock = _load(path)
             if state == "ok" and lock is not None and lock["token"] == token:
                 path.unlink()
-                return {"released": True}
+                return {"released": True, "stopped": stopped}
     now = time.time()
     return {
         "released": False,
@@ -502,8 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
         "release",
         help="remove the lock if it is ours",
         description=(
-            "Remove the lock if TOKEN holds it ({released: true}); an absent lock or "
-            "another run's is left alone ({released: false}, exit 0)."
+            "Remove the lock if TOKEN holds it ({released: true, stopped}), after ending "
+            "what the run still has running under the lock's directory (stopped lists it); "
+            "an absent lock or another run's is left alone ({released: false}, exit 0)."
         ),
     )
     for p in (hb, rel):

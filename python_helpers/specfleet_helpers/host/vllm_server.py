@@ -19,6 +19,14 @@ leaving the client retrying against a dead server.
 ``stop`` ends exactly the server's marked processes (SIGTERM, then SIGKILL after a grace
 period) and nothing else, not the stage script that shares their group; it is idempotent.
 
+A server may also be started ahead of its stage, so that its slow start overlaps earlier
+stages: a job of its own (stage_run) runs ``start``, ``wait`` and ``hold`` (which returns once
+the server's processes are gone, so the job lives exactly as long as the server). The stage
+then runs ``start --adopt`` with the same command: a live, healthy-or-starting server recorded
+under the name with exactly that command, host and port is used as it is; any other is
+stopped and a new one started. A server taken over that way is not in the stage's process
+group, so the stage stops it itself (``stop``, from an EXIT trap too).
+
 Liveness is judged from /proc, ignoring zombies: on hosts whose init does not reap
 orphans, a dead server can linger as a zombie and must not count as running.
 
@@ -191,13 +199,16 @@ def start_server(
     host: str = DEFAULT_HOST,
     env: Optional[dict[str, str]] = None,
     cwd: Optional[Path] = None,
+    adopt: bool = False,
 ) -> dict[str, Any]:
     """Start `argv` in the caller's process group, marked as this server, and record it;
     return at once.
 
     A server recorded under the same name that is still running (left by an interrupted
-    run) is stopped first. Raises PortInUse if anything else holds the port, BadInput for
-    an empty argv or a missing executable.
+    run) is stopped first, unless `adopt` is set and it runs exactly this command on this
+    host and port (started ahead of its stage): that one is kept, and reported as adopted.
+    Raises PortInUse if anything else holds the port, BadInput for an empty argv or a
+    missing executable.
     """
     if not argv:
         raise BadInput("no server command given (put it after --)")
@@ -210,6 +221,19 @@ def start_server(
 
     stopped_stale = False
     stale = read_json(state_path(run_dir, name))
+    if adopt and stale is not None and _adoptable(stale, argv, host, port):
+        return {
+            "name": name,
+            "started": False,
+            "adopted": True,
+            "pid": stale["pid"],
+            "pgid": stale["pgid"],
+            "host": host,
+            "port": port,
+            "log": stale["log"],
+            "up_s": round(time.time() - float(stale["started"]), 1),
+            "stopped_stale": False,
+        }
     if stale is not None:
         stopped_stale = stop_server(name, run_dir)["stopped"]
 
@@ -264,6 +288,26 @@ def start_server(
         "log": state["log"],
         "stopped_stale": stopped_stale,
     }
+
+
+def _adoptable(state: dict[str, Any], argv: list[str], host: str, port: int) -> bool:
+    """Whether the recorded server runs exactly `argv` on `host`:`port` and still lives."""
+    return (
+        state.get("argv") == redact(argv)
+        and state.get("host") == host
+        and int(state.get("port", -1)) == port
+        and _leader_alive(state)
+    )
+
+
+def hold(name: str, run_dir: Path, interval: float = POLL_INTERVAL_S) -> dict[str, Any]:
+    """Return once the recorded server's processes are gone (stopped, crashed or ended with
+    their group); at once when none is recorded."""
+    state = read_json(state_path(Path(run_dir), name))
+    began = time.monotonic()
+    while state is not None and _live_members(state):
+        time.sleep(interval)
+    return {"name": name, "held_s": round(time.monotonic() - began, 1)}
 
 
 def _require_state(name: str, run_dir: Path) -> dict[str, Any]:
@@ -540,6 +584,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra environment variable for the server (repeat); no secrets here",
     )
     p.add_argument("--cwd", type=Path, help="working directory of the server")
+    p.add_argument(
+        "--adopt",
+        action="store_true",
+        help="keep a live server recorded under --name that runs exactly this command on "
+        "this host and port (one started ahead of its stage) instead of replacing it",
+    )
 
     p = sub.add_parser(
         "wait",
@@ -590,6 +640,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between SIGTERM and SIGKILL (default %(default)s)",
     )
 
+    p = sub.add_parser(
+        "hold",
+        help="return once the server's processes are gone",
+        description=(
+            "Block while the server recorded under --name runs; return (exit 0) once its "
+            "processes are gone. A job that started a server ahead of its stage ends with it."
+        ),
+    )
+    common(p)
+
     p = sub.add_parser("status", help="is it running, is it healthy")
     common(p)
     p.add_argument("--tail", type=int, default=0, help="log lines to include")
@@ -618,6 +678,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 host=args.host,
                 env=_parse_env(args.env),
                 cwd=args.cwd,
+                adopt=args.adopt,
             )
         elif args.command == "wait":
             try:
@@ -661,6 +722,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 return exc.exit_code
         elif args.command == "stop":
             result = stop_server(args.name, args.run_dir, grace_s=args.grace)
+        elif args.command == "hold":
+            result = hold(args.name, args.run_dir)
         else:
             result = server_status(args.name, args.run_dir, tail=args.tail)
     except ServerError as exc:
