@@ -101,7 +101,7 @@ class Fake:
             "1" if ignore_term else "0",
         ]
 
-    def start(self, *argv: str) -> subprocess.CompletedProcess:
+    def start(self, *argv: str, adopt: bool = False) -> subprocess.CompletedProcess:
         command = list(argv) or self.argv()
         return cli(
             "start",
@@ -109,6 +109,7 @@ class Fake:
             f"--run-dir={self.run_dir}",
             f"--log={self.log}",
             f"--port={self.port}",
+            *(["--adopt"] if adopt else []),
             "--",
             *command,
             timeout=20,  # also proves start does not hold our stdout open
@@ -297,33 +298,13 @@ def test_adopt_keeps_a_live_server_with_the_same_command_and_replaces_any_other(
     assert fake.start().returncode == 0
     assert fake.wait().returncode == 0
     early = json.loads(fake.state_file.read_text())["pid"]
-    adopted = cli(
-        "start",
-        f"--name={fake.name}",
-        f"--run-dir={fake.run_dir}",
-        f"--log={fake.log}",
-        f"--port={fake.port}",
-        "--adopt",
-        "--",
-        *fake.argv(),
-        timeout=20,
-    )
+    adopted = fake.start(*fake.argv(), adopt=True)
     assert adopted.returncode == 0, adopted.stderr
     out = json.loads(adopted.stdout)
     assert out["adopted"] is True and out["started"] is False and out["pid"] == early
     assert pid_alive(early)
     # Another command (here: another delay argument) is not the server asked for.
-    other = cli(
-        "start",
-        f"--name={fake.name}",
-        f"--run-dir={fake.run_dir}",
-        f"--log={fake.log}",
-        f"--port={fake.port}",
-        "--adopt",
-        "--",
-        *fake.argv(delay=0.1),
-        timeout=20,
-    )
+    other = fake.start(*fake.argv(delay=0.1), adopt=True)
     assert other.returncode == 0, other.stderr
     replaced = json.loads(other.stdout)
     assert replaced["started"] is True and replaced["stopped_stale"] is True
@@ -338,17 +319,7 @@ def test_adopt_of_a_dead_server_starts_a_new_one(fakes):
     state = json.loads(fake.state_file.read_text())
     os.kill(state["pid"], signal.SIGKILL)
     assert wait_until(lambda: not pid_alive(state["pid"]), 10)
-    again = cli(
-        "start",
-        f"--name={fake.name}",
-        f"--run-dir={fake.run_dir}",
-        f"--log={fake.log}",
-        f"--port={fake.port}",
-        "--adopt",
-        "--",
-        *fake.argv(),
-        timeout=20,
-    )
+    again = fake.start(*fake.argv(), adopt=True)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["started"] is True
     assert fake.wait().returncode == 0
