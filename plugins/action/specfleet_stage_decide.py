@@ -1,0 +1,242 @@
+"""specfleet_stage_decide: whether one stage must run, in one task (roles/stage/tasks/begin.yml).
+
+The stage's declared inputs (roles/specfleet/vars/main/stages.yml) and its rendered script are
+hashed into a fingerprint and compared with its stamp. A forced stage, a missing stamp or a
+changed fingerprint gives the reason to run at once; otherwise the artifacts of the previous
+run are checked by the one verifier (checks/stage_verify.py: every file the stamp lists, then
+the stage's checker), whose failure is the reason. The verification that opening the session
+already made for this play (session open --verify) stands for that check while the checker is
+the one the stamp recorded; without it the check runs on the host, in check mode too (it only
+reads; an older stamp is given its file list only in a real run).
+
+A stage that stays up to date drops the failure record an earlier run left. The plan line
+(`<stage>: up to date, skipping (stamp <fingerprint>)` / `running: <reason>` /
+`would run: <reason>`) is the result's `msg`, and is shown as `[host] <line>`.
+
+    - name: "Plan: {{ stage_name }}"
+      specfleet_stage_decide:
+        stage: train
+        inputs: "{{ stage_declared.inputs }}"
+        script: "{{ lookup('ansible.builtin.template', ...) }}"
+        ...
+      register: stage_decision
+
+Returns redo, reason, fingerprint, inputs (with script_sha256), script, previous (the stamp),
+checker, and stage_runs / run_results: the play's specfleet_stage_runs and
+specfleet_run_results with this stage's entry, for the set_fact that follows.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.text.converters import to_text
+from ansible.plugins.action import ActionBase
+from ansible.plugins.filter.core import get_hash, to_json
+from ansible.utils.display import Display
+
+display = Display()
+
+# What the check prints at most into the reason (the stamp and the report show the reason).
+REASON_OUTPUT_CHARS = 300
+
+OPTIONS: dict[str, type | tuple[type, ...]] = {
+    "stage": str,
+    "inputs": Mapping,
+    "script": (str, type(None)),
+    "stamp": Mapping,
+    "forced": bool,
+    "verifier": (list, str),
+    "unlisted": list,
+    "prechecked": (Mapping, type(None)),
+    "failure_recorded": bool,
+    "stage_runs": Mapping,
+    "run_results": Mapping,
+    "state_dir": str,
+    "python": str,
+    "env": Mapping,
+}
+REQUIRED = {"stage", "inputs", "stamp", "state_dir", "python"}
+
+
+def fingerprint(inputs: Mapping[str, Any]) -> str:
+    """What `inputs | to_json(sort_keys=true) | hash('sha256')` gives: the stamps' fingerprint."""
+    return get_hash(to_json(inputs, sort_keys=True), "sha256")
+
+
+def changed_inputs(inputs: Mapping[str, Any], previous: Mapping[str, Any]) -> list[str]:
+    """The names whose value differs, or that only one side has."""
+    return sorted(
+        name
+        for name in set(inputs) | set(previous)
+        if inputs.get(name, ...) != previous.get(name, ...)
+    )
+
+
+def plan(
+    inputs: Mapping[str, Any],
+    stamp: Mapping[str, Any],
+    forced: bool,
+    script: str | None = None,
+) -> dict[str, Any]:
+    """{inputs, fingerprint, reason}: reason is why the stage must run, '' when its stamp still
+    matches (its artifacts are then checked). A rendered `script` is an input too, as
+    `script_sha256`: a changed command line redoes the stage."""
+    if script is not None:
+        inputs = {**inputs, "script_sha256": get_hash(script, "sha256")}
+    current = fingerprint(inputs)
+    if forced:
+        reason = "forced by specfleet_force_stages"
+    elif not stamp:
+        reason = "no stamp from an earlier run"
+    elif stamp.get("fingerprint", "") != current:
+        reason = "inputs changed: " + ", ".join(changed_inputs(inputs, stamp.get("inputs") or {}))
+    else:
+        reason = ""
+    return {"inputs": dict(inputs), "fingerprint": current, "reason": reason}
+
+
+def usable_precheck(
+    prechecked: Mapping[str, Any] | None, stamp: Mapping[str, Any], verifier: Any
+) -> Mapping[str, Any] | None:
+    """The session's verification of this stage, when it checked what this check would: the
+    stamp has a file list and recorded this very checker."""
+    if not isinstance(prechecked, Mapping) or "manifest" not in stamp:
+        return None
+    return prechecked if stamp.get("verify_argv") == verifier else None
+
+
+def check_problem(check: Mapping[str, Any]) -> str:
+    """'' when the artifacts verified, else what is wrong: the failed checker's own output, or
+    the problem stage_verify found (what `stage_verify check --reason` prints)."""
+    if check.get("status") == "ok":
+        return ""
+    return str(check.get("output") or check.get("problem") or "verification failed").strip()
+
+
+def plan_line(stage: str, redo: bool, reason: str, fingerprint_: str, check_mode: bool) -> str:
+    if not redo:
+        return f"{stage}: up to date, skipping (stamp {fingerprint_[:12]})"
+    return f"{stage}: {'would run' if check_mode else 'running'}: {reason}"
+
+
+def truncated(text: str, limit: int = REASON_OUTPUT_CHARS, leeway: int = 5) -> str:
+    """What Jinja's `truncate(limit)` gives: kept whole within `limit` (+ its leeway of 5),
+    else cut at the last whole word before `limit` - 3 and ended with '...'."""
+    if len(text) <= limit + leeway:
+        return text
+    return text[: limit - 3].rsplit(" ", 1)[0] + "..."
+
+
+class ActionModule(ActionBase):
+    _supports_check_mode = True
+    _supports_async = False
+
+    def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+        result = super().run(tmp, task_vars)
+        args = self._options()
+        stage: str = args["stage"]
+        stamp: Mapping[str, Any] = args["stamp"]
+        check_mode = bool(self._task.check_mode)
+        decided = plan(args["inputs"], stamp, args.get("forced", False), args.get("script"))
+        verifier = args.get("verifier", [])
+        changed = False
+        reason = decided["reason"]
+        if not reason:
+            check = usable_precheck(args.get("prechecked"), stamp, verifier)
+            if check is None:
+                check = self._check_on_host(args, stage, verifier, check_mode)
+                changed = bool(check.get("recorded"))
+            problem = check_problem(check)
+            if problem:
+                reason = "artifacts no longer valid: " + truncated(problem)
+        redo = bool(reason)
+        if not redo and args.get("failure_recorded", False):
+            # Up to date means it passed: an earlier run's failure record no longer stands.
+            if not check_mode:
+                self._on_host(["rm", "-f", "--", f"{args['state_dir']}/{stage}.failed.json"], {})
+            changed = True
+        stage_runs = dict(args.get("stage_runs") or {})
+        stage_runs[stage] = "pending" if redo else stamp.get("run_id", "unknown")
+        run_results = dict(args.get("run_results") or {})
+        if not redo or check_mode:
+            # A stage that runs is noted when it ends (finish.yml, failed.yml).
+            run_results[stage] = {
+                "status": "would_run" if redo else "up_to_date",
+                "reason": reason,
+                "duration_s": None,
+            }
+        result.update(
+            changed=changed,
+            msg=plan_line(stage, redo, reason, decided["fingerprint"], check_mode),
+            stage=stage,
+            redo=redo,
+            reason=reason,
+            fingerprint=decided["fingerprint"],
+            inputs=decided["inputs"],
+            script=args.get("script"),
+            previous=dict(stamp),
+            checker=verifier,
+            stage_runs=stage_runs,
+            run_results=run_results,
+        )
+        # The plan line is what a user reads of this task (the result holds the script).
+        host = (task_vars or {}).get("inventory_hostname", "")
+        display.display(f"[{host}] {result['msg']}")
+        return result
+
+    def _options(self) -> dict[str, Any]:
+        args = dict(self._task.args)
+        unknown = set(args) - set(OPTIONS)
+        if unknown:
+            raise AnsibleActionFail(
+                f"specfleet_stage_decide: unknown option(s) {', '.join(sorted(unknown))}; "
+                f"expected {', '.join(sorted(OPTIONS))}"
+            )
+        missing = REQUIRED - {k for k, v in args.items() if v is not None}
+        if missing:
+            raise AnsibleActionFail(
+                f"specfleet_stage_decide: missing option(s) {', '.join(sorted(missing))}"
+            )
+        for name, value in args.items():
+            if value is not None and not isinstance(value, OPTIONS[name]):
+                raise AnsibleActionFail(
+                    f"specfleet_stage_decide: {name} is a {type(value).__name__}, "
+                    f"expected {OPTIONS[name]}"
+                )
+        return args
+
+    def _check_on_host(
+        self, args: Mapping[str, Any], stage: str, verifier: Any, check_mode: bool
+    ) -> dict[str, Any]:
+        """stage_verify check on the host: {status, output|problem, recorded}."""
+        argv = [
+            args["python"],
+            "-m",
+            "specfleet_helpers.checks.stage_verify",
+            "check",
+            f"--state-dir={args['state_dir']}",
+            f"--stage={stage}",
+            "--checker-json=" + json.dumps(verifier),
+            "--reason",
+        ]
+        if not check_mode:
+            # Only an older stamp gets its file list added (once, when it verified).
+            argv += ["--record-missing", "--unlisted=" + ",".join(args.get("unlisted") or [])]
+        done = self._on_host(argv, args.get("env") or {})
+        stdout = to_text(done.get("stdout", "")).strip()
+        if done.get("rc") == 0:
+            return {"status": "ok", "recorded": stdout.endswith("(manifest recorded)")}
+        stderr = to_text(done.get("stderr", "")).strip()
+        return {"status": "failed", "output": f"{stdout} {stderr}".strip()}
+
+    def _on_host(self, argv: list[str], env: Mapping[str, Any]) -> dict[str, Any]:
+        """One command on the host, without a module: argv quoted for its shell, env by name."""
+        command = shlex.join(argv)
+        if env:
+            command = shlex.join(["env", *(f"{k}={v}" for k, v in env.items())]) + " " + command
+        return self._low_level_execute_command(command)
