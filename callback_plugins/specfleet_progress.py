@@ -1,8 +1,11 @@
-"""Show a running stage's progress while Ansible polls it.
+"""Show each stage's plan, and a running stage's progress while Ansible polls it.
 
-The stage role polls `specfleet_helpers.host.stage_run status` with `until`; every retry
-carries the stage's state as JSON. This callback prints it as one line per host:
+The stage role decides each stage in one task (plugins/action/specfleet_stage_decide.py,
+specfleet_stage_upstream.py), whose result carries the plan line as `specfleet_plan`; and it
+polls `specfleet_helpers.host.stage_run status` with `until`, every retry carrying the stage's
+state as JSON. This callback prints both, one line per host:
 
+    [a2-node01] train: running: inputs changed: epochs
     [a2-node01] train: running 2m31s | step: torchrun epoch 1 | last: ... loss=3.21
 """
 
@@ -16,8 +19,9 @@ from ansible.plugins.callback import CallbackBase
 DOCUMENTATION = """
 name: specfleet_progress
 type: notification
-short_description: one progress line per poll of a running specfleet stage
+short_description: each specfleet stage's plan, and one progress line per poll while it runs
 description:
+  - Prints each stage's plan (up to date, running or would run, and why).
   - Prints stage, elapsed time, current step and the last log line while a stage runs.
 requirements:
   - enable in ansible.cfg (callbacks_enabled)
@@ -64,3 +68,8 @@ class CallbackModule(CallbackBase):
         line = progress_line(result._host.get_name(), result._result.get("stdout", ""))
         if line:
             self._display.display(line, color="cyan")
+
+    def v2_runner_on_ok(self, result) -> None:
+        plan = result._result.get("specfleet_plan")
+        if isinstance(plan, str) and plan:
+            self._display.display(f"[{result._host.get_name()}] {plan}")

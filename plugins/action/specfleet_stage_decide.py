@@ -11,7 +11,8 @@ reads; an older stamp is given its file list only in a real run).
 
 A stage that stays up to date drops the failure record an earlier run left. The plan line
 (`<stage>: up to date, skipping (stamp <fingerprint>)` / `running: <reason>` /
-`would run: <reason>`) is the result's `msg`, and is shown as `[host] <line>`.
+`would run: <reason>`) is the result's `msg` and `specfleet_plan`, which the specfleet_progress
+callback prints as `[host] <line>` (the result itself is long: it holds the script).
 
     - name: "Plan: {{ stage_name }}"
       specfleet_stage_decide:
@@ -37,9 +38,6 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 from ansible.plugins.filter.core import get_hash, to_json
-from ansible.utils.display import Display
-
-display = Display()
 
 # What the check prints at most into the reason (the stamp and the report show the reason).
 REASON_OUTPUT_CHARS = 300
@@ -184,9 +182,8 @@ class ActionModule(ActionBase):
             stage_runs=stage_runs,
             run_results=run_results,
         )
-        # The plan line is what a user reads of this task (the result holds the script).
-        host = (task_vars or {}).get("inventory_hostname", "")
-        display.display(f"[{host}] {result['msg']}")
+        # What a user reads of this task (callback_plugins/specfleet_progress.py prints it).
+        result["specfleet_plan"] = result["msg"]
         return result
 
     def _options(self) -> dict[str, Any]:

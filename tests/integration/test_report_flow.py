@@ -339,7 +339,8 @@ GRAPH_STAGE = """
 - name: Write what was derived
   ansible.builtin.copy:
     dest: "{{ graph_out }}/{{ graph_stage }}.json"
-    content: "{{ {'upstream': stage_upstream, 'missing': stage_upstream_missing} | to_json }}"
+    content: >-
+      {{ {'upstream': stage_upstream.run_ids, 'missing': stage_upstream.missing} | to_json }}
     mode: "0644"
 """
 

@@ -98,3 +98,29 @@ def test_long_last_line_is_cut():
 )
 def test_no_line_for_anything_but_a_running_stage(stdout):
     assert progress_line("h", stdout) is None
+
+
+class _Shown:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def display(self, msg: str, **_: object) -> None:
+        self.lines.append(msg)
+
+
+class _Result:
+    def __init__(self, host: str, result: dict) -> None:
+        self._result = result
+        self._host = type("Host", (), {"get_name": lambda _self: host})()
+
+
+def test_a_stage_decisions_plan_line_is_printed_once_per_host():
+    """The stage decision actions return their plan line as specfleet_plan; other results are
+    not printed by this callback."""
+    callback = _load_plugin().CallbackModule()
+    shown = _Shown()
+    callback._display = shown
+    line = "train: running: inputs changed: epochs"
+    callback.v2_runner_on_ok(_Result("a2-node01", {"specfleet_plan": line, "script": "..."}))
+    callback.v2_runner_on_ok(_Result("a2-node01", {"msg": "not a plan", "changed": False}))
+    assert shown.lines == [f"[a2-node01] {line}"]

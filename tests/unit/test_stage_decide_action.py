@@ -227,7 +227,8 @@ def test_an_up_to_date_stage_is_verified_on_the_host_and_skipped(run: dict[str, 
     assert r["checker"] == CHECKER
     # The earlier failure record no longer stands: removed, and that is the task's change.
     assert r["changed"] is True and not (run["state"] / "train.failed.json").exists()
-    assert f"[localhost] {r['msg']}" in run["stdout"]
+    # The progress callback prints the plan line.
+    assert r["specfleet_plan"] == r["msg"] and f"[localhost] {r['msg']}" in run["stdout"]
 
 
 def test_a_changed_input_redoes_the_stage_and_names_the_input(run: dict[str, Any]) -> None:
