@@ -3,18 +3,10 @@ runs each case with ignore_errors and the test reads what every case registered.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+from playrun import run_cases
 
 # Each case: the rules and the variables the play gives them.
 CASES: dict[str, dict[str, Any]] = {
@@ -96,50 +88,9 @@ CASES: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    work = tmp_path_factory.mktemp("rules")
-    out = work / "results.json"
-    tasks = []
-    for case, body in CASES.items():
-        tasks.append(
-            {"name": case, "specfleet_rules": body, "register": f"r_{case}", "ignore_errors": True}
-        )
-    tasks.append(
-        {
-            "name": "keep the results",
-            "ansible.builtin.copy": {
-                "dest": str(out),
-                "content": "{{ {" + ", ".join(f"'{c}': r_{c}" for c in CASES) + "} | to_json }}",
-            },
-        }
-    )
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "vars": {"port_": 80, "name_": "x"},
-            "tasks": tasks,
-        }
-    ]
-    (work / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    run = subprocess.run(
-        [
-            str(ANSIBLE_PLAYBOOK),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
-            str(work / "play.yml"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
-        cwd=REPO,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    return json.loads(out.read_text())
+    cases = [{"name": case, "specfleet_rules": body} for case, body in CASES.items()]
+    play_vars = {"port_": 80, "name_": "x"}
+    return run_cases(tmp_path_factory.mktemp("rules"), cases, play_vars).results
 
 
 def test_rules_that_hold_pass_and_are_counted(results: dict[str, dict[str, Any]]) -> None:

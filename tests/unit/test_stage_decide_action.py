@@ -6,23 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from jinja2 import Environment
 from jinja2.filters import do_truncate
+from playrun import REPO, run_cases
 from plugin_loader import load_plugin
 from specfleet_helpers.checks import stage_verify
 
 decide = load_plugin("plugins/action/specfleet_stage_decide.py")
-
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 
 INPUTS = {
     "epochs": 1,
@@ -132,7 +126,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert published["ok"], published
     stamp_now = json.loads((state / "train.json").read_text())
     (state / "train.failed.json").write_text("{}\n")
-    out = work / "results.json"
 
     common = {
         "stage": "train",
@@ -146,71 +139,28 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "stage_runs": {"data": "d1"},
         "run_results": {},
     }
-    cases: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
-        ("up_to_date", {"failure_recorded": True}, {}),
-        ("changed_input", {"inputs": {"epochs": 2}}, {}),
-        ("changed_input_check", {"inputs": {"epochs": 2}}, {"check_mode": True}),
-        ("prechecked_bad", {"prechecked": {"status": "failed", "output": "boom"}}, {}),
-        ("unknown_option", {"epoch": 3}, {}),
-    ]
-    tasks: list[dict[str, Any]] = []
-    for name, args, keywords in cases:
-        tasks.append(
-            {
-                "name": name,
-                "specfleet_stage_decide": {**common, **args},
-                "register": f"r_{name}",
-                "ignore_errors": True,
-                **keywords,
-            }
-        )
-    tasks.append(
-        {
-            "name": "break the artifact",
-            "ansible.builtin.copy": {"dest": str(artifact), "content": "rows, edited\n"},
-        }
-    )
-    tasks.append(
-        {
-            "name": "damaged",
-            "specfleet_stage_decide": common,
-            "register": "r_damaged",
-            "ignore_errors": True,
-        }
-    )
-    names = [c[0] for c in cases] + ["damaged"]
-    tasks.append(
-        {
-            "name": "keep the results",
-            "ansible.builtin.copy": {
-                "dest": str(out),
-                "content": "{{ {" + ", ".join(f"'{n}': r_{n}" for n in names) + "} | to_json }}",
-            },
-        }
-    )
-    play = [{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]
-    (work / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    done = subprocess.run(
+
+    def case(name: str, keywords: dict[str, Any] | None = None, **args: Any) -> dict[str, Any]:
+        return {"name": name, "specfleet_stage_decide": {**common, **args}, **(keywords or {})}
+
+    played = run_cases(
+        work,
         [
-            str(ANSIBLE_PLAYBOOK),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
-            str(work / "play.yml"),
+            case("up_to_date", failure_recorded=True),
+            case("changed_input", inputs={"epochs": 2}),
+            case("changed_input_check", {"check_mode": True}, inputs={"epochs": 2}),
+            case("prechecked_bad", prechecked={"status": "failed", "output": "boom"}),
+            case("unknown_option", epoch=3),
+            {
+                "name": "break the artifact",
+                "ansible.builtin.copy": {"dest": str(artifact), "content": "rows, edited\n"},
+            },
+            case("damaged"),
         ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
-        cwd=REPO,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
     return {
-        "results": json.loads(out.read_text()),
-        "stdout": done.stdout,
+        "results": played.results,
+        "stdout": played.stdout,
         "stamp": stamp_now,
         "state": state,
     }

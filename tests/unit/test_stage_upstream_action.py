@@ -5,21 +5,13 @@ project's own stages.yml)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from playrun import run_cases
 from plugin_loader import load_plugin
 
 upstream = load_plugin("plugins/action/specfleet_stage_upstream.py")
-
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 
 
 def test_needs_and_the_edges_whose_setting_is_on() -> None:
@@ -66,8 +58,6 @@ GRAPH = {
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    work = tmp_path_factory.mktemp("upstream")
-    out = work / "results.json"
     cases = {
         "plain": ({"train_from_converted_": False}, {"data": "d1"}, {}),
         "converted": ({"train_from_converted_": True}, {"data": "d1", "convert": "c1"}, {}),
@@ -75,9 +65,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "pending": ({"train_from_converted_": False}, {"data": "pending"}, {"check_mode": True}),
         "unknown_setting": ({}, {"data": "d1"}, {}),
     }
-    tasks = []
-    for name, (task_vars, runs, keywords) in cases.items():
-        tasks.append(
+    played = run_cases(
+        tmp_path_factory.mktemp("upstream"),
+        [
             {
                 "name": name,
                 "specfleet_stage_upstream": {
@@ -86,39 +76,13 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                     "run_results": {"data": {"status": "would_run"}},
                 },
                 "vars": task_vars,
-                "register": f"r_{name}",
-                "ignore_errors": True,
                 **keywords,
             }
-        )
-    tasks.append(
-        {
-            "name": "keep the results",
-            "ansible.builtin.copy": {
-                "dest": str(out),
-                "content": "{{ {" + ", ".join(f"'{n}': r_{n}" for n in cases) + "} | to_json }}",
-            },
-        }
+            for name, (task_vars, runs, keywords) in cases.items()
+        ],
+        {"specfleet_stages": GRAPH},
     )
-    play = [
-        {
-            "hosts": "localhost",
-            "gather_facts": False,
-            "vars": {"specfleet_stages": GRAPH},
-            "tasks": tasks,
-        }
-    ]
-    (work / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    done = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local", str(work / "play.yml")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
-        cwd=REPO,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return {"results": json.loads(out.read_text()), "stdout": done.stdout}
+    return {"results": played.results, "stdout": played.stdout}
 
 
 def test_a_conditional_edge_follows_its_setting(results: dict[str, Any]) -> None:
