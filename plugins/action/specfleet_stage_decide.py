@@ -156,7 +156,13 @@ class ActionModule(ActionBase):
         if not redo and args.get("failure_recorded", False):
             # Up to date means it passed: an earlier run's failure record no longer stands.
             if not check_mode:
-                self._on_host(["rm", "-f", "--", f"{args['state_dir']}/{stage}.failed.json"], {})
+                record = f"{args['state_dir']}/{stage}.failed.json"
+                done = self._on_host(["rm", "-f", "--", record], {})
+                if done.get("rc") != 0:
+                    raise AnsibleActionFail(
+                        f"{stage} is up to date, but its earlier failure record {record} could "
+                        f"not be removed: {to_text(done.get('stderr', '')).strip()}"
+                    )
             changed = True
         stage_runs = dict(args.get("stage_runs") or {})
         stage_runs[stage] = "pending" if redo else stamp.get("run_id", "unknown")
