@@ -8,12 +8,19 @@ message, so a rule may rely on the ones before it (a range check on a value alre
 a number). Nothing is templated before its turn: a rule's `msg` only when it refuses, its
 `vars` only when it is read.
 
+With `argument_spec` (an entry point of the task's role, such as `main`), the options that
+entry point declares in the role's meta/argument_specs.yml are checked first, as
+ansible.builtin.validate_argument_spec checks them (each option's variable, templated), plus
+one thing it lets through: a list or dict option given as a string (`-e name=a,b`), which the
+validator splits but the tasks would not. A problem refuses with one message naming each
+variable and what its declaration expects; the rules then may rely on the types.
+
 Why one task: a settings check of about 140 assert tasks cost 8 s of every run, no-op runs
 included (each task, run or skipped, costs a worker process and its templating).
 
-    - name: Check the serve settings' ranges and cross-field rules
+    - name: "Check the serve settings: types, choices, ranges and cross-field rules"
       specfleet_rules:
-        subject: serve settings
+        argument_spec: main
         rules:
           - name: specfleet_serve_port in 1..65535
             that: [specfleet_serve_port | int >= 1, specfleet_serve_port | int <= 65535]
@@ -22,15 +29,74 @@ included (each task, run or skipped, costs a worker process and its templating).
 
 from __future__ import annotations
 
+import json
+import re
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import yaml
 from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
 RULE_KEYS = {"name", "that", "msg", "when", "vars"}
 GROUP_KEYS = {"name", "when", "vars", "rules"}
+OPTIONS = {"rules", "argument_spec"}
+STRUCTURED = ("list", "dict")
+
+
+def structured_options(spec: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The options declared as list or dict: a string given for one (-e name=a,b) is accepted
+    by the validator (a comma-separated list) but not by the tasks."""
+    return [name for name, option in spec.items() if option.get("type", "str") in STRUCTURED]
+
+
+def spec_problems(
+    errors: Sequence[str], spec: Mapping[str, Mapping[str, Any]], given: Mapping[str, Any]
+) -> list[str]:
+    """The validator's error messages, plus one for each list or dict option of `given`
+    (name -> value) that is a string."""
+    problems = [str(error) for error in errors]
+    for name in structured_options(spec):
+        value = given.get(name)
+        if isinstance(value, str):
+            kind = spec[name]["type"]
+            problems.append(
+                f"{name} is the string {json.dumps(value)}, not a {kind} "
+                f"(give it as JSON or YAML, e.g. -e '{{\"{name}\": ...}}')"
+            )
+    return problems
+
+
+def _expected(name: str, option: Mapping[str, Any]) -> str:
+    text = f"{name}: {option.get('type', 'str')}"
+    if "elements" in option:
+        text += f" of {option['elements']}"
+    if "options" in option:
+        text += " with keys " + ", ".join(option["options"])
+    if "choices" in option:
+        text += ", one of " + ", ".join(str(c) for c in option["choices"])
+    description = option.get("description", "")
+    if isinstance(description, list):
+        description = " ".join(description)
+    return f"{text} ({re.sub(r'[.]$', '', str(description).strip())})"
+
+
+def spec_message(problems: Sequence[str], spec: Mapping[str, Mapping[str, Any]], role: str) -> str:
+    """The refusal for `problems`: each problem, then what each option named in them expects,
+    and where that is declared."""
+    named = [
+        _expected(name, option)
+        for name, option in spec.items()
+        if any(re.search(rf"\b{re.escape(name)}\b", problem) for problem in problems)
+    ]
+    expected = "".join(f"{item}; " for item in named)
+    return (
+        f"{role} settings: {'; '.join(problems)}. Expected {expected}"
+        f"see roles/{role}/meta/argument_specs.yml."
+    )
 
 
 def _conditions(value: Any, where: str) -> list[Any]:
@@ -60,15 +126,21 @@ class ActionModule(ActionBase):
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         rules = self._task.args.get("rules")
-        unknown = set(self._task.args) - {"rules"}
+        unknown = set(self._task.args) - OPTIONS
         if unknown:
             raise AnsibleActionFail(
-                f"specfleet_rules: unknown option(s) {', '.join(sorted(unknown))}; expected rules"
+                f"specfleet_rules: unknown option(s) {', '.join(sorted(unknown))}; "
+                f"expected {', '.join(sorted(OPTIONS))}"
             )
         if not isinstance(rules, list):
             raise AnsibleActionFail("specfleet_rules: rules must be a list of rules and groups")
         counts = {"rules_checked": 0, "rules_not_applying": 0}
-        refusal = self._check(rules, self._templar.available_variables, counts, "rules")
+        refusal = None
+        entry_point = self._task.args.get("argument_spec")
+        if entry_point is not None:
+            refusal = self._check_types(entry_point, task_vars or {})
+        if refusal is None:
+            refusal = self._check(rules, self._templar.available_variables, counts, "rules")
         result.update(counts)
         result["changed"] = False
         if refusal:
@@ -77,6 +149,45 @@ class ActionModule(ActionBase):
             checked, not_applying = counts["rules_checked"], counts["rules_not_applying"]
             result["msg"] = f"{checked} rules hold ({not_applying} do not apply)"
         return result
+
+    def _role(self) -> tuple[str, Path]:
+        role = self._task._role
+        if role is None:
+            raise AnsibleActionFail(
+                "specfleet_rules: argument_spec names an entry point of the task's role, "
+                "and this task is in no role"
+            )
+        role_path = Path(role._role_path)
+        return role_path.name, role_path
+
+    def _check_types(self, entry_point: Any, task_vars: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The refusal for the options of `entry_point` in the role's meta/argument_specs.yml
+        whose variables are of the wrong type or choice, or None."""
+        role, role_path = self._role()
+        declared = role_path / "meta" / "argument_specs.yml"
+        try:
+            specs = yaml.safe_load(declared.read_text())["argument_specs"]
+            spec = specs[entry_point]["options"]
+        except (OSError, KeyError, TypeError, yaml.YAMLError) as error:
+            raise AnsibleActionFail(
+                f"specfleet_rules: no options of entry point {entry_point!r} in {declared}: {error}"
+            ) from error
+        given = self._templar.template(
+            {name: task_vars[name] for name in spec if name in task_vars}
+        )
+        errors = (
+            ArgumentSpecValidator(spec)
+            .validate(dict(given), validate_role_argument_spec=True)
+            .error_messages
+        )
+        problems = spec_problems(errors, spec, given)
+        if not problems:
+            return None
+        return {
+            "msg": spec_message(problems, spec, role),
+            "rule": f"the {role} settings' types and choices (meta/argument_specs.yml)",
+            "argument_errors": problems,
+        }
 
     def _check(
         self, rules: list[Any], variables: Mapping[str, Any], counts: dict[str, int], where: str

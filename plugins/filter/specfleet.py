@@ -1,76 +1,15 @@
 """Filters for the roles' settings checks (roles/<role>/tasks/settings.yml).
 
-What a settings check needs beyond one-line YAML asserts: turning ansible's
-validate_argument_spec result into messages that name the variable, the value and what was
-expected (with the option's type and description from meta/argument_specs.yml), and the
-"each of these counts is at least N" rules the stage roles share (of plain settings: at_least;
-of a dict setting's fields: fields_at_least).
+The "each of these counts is at least N" rules the stage roles share (of plain settings:
+at_least, below_floor; of a dict setting's fields: fields_at_least). The types and choices
+from meta/argument_specs.yml are checked by the specfleet_rules action itself.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
-
-PASSED = "The arg spec validation passed"
-STRUCTURED = ("list", "dict")
-
-
-def structured_options(spec: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """The options declared as list or dict: a string given for one (-e name=a,b) is accepted
-    by the validator (a comma-separated list) but not by the tasks."""
-    return [name for name, option in spec.items() if option.get("type", "str") in STRUCTURED]
-
-
-def spec_problems(
-    result: Mapping[str, Any], spec: Mapping[str, Mapping[str, Any]], given: Mapping[str, Any]
-) -> list[str]:
-    """The problems of a validate_argument_spec run (registered with failed_when: false), plus
-    each list or dict option of `given` (name -> value) that is a string."""
-    if "argument_errors" in result:
-        errors = [str(error) for error in result["argument_errors"]]
-    else:
-        errors = [] if result.get("msg") == PASSED else [str(result.get("msg"))]
-    for name in structured_options(spec):
-        value = given.get(name)
-        if isinstance(value, str):
-            kind = spec[name]["type"]
-            errors.append(
-                f"{name} is the string {json.dumps(value)}, not a {kind} "
-                f"(give it as JSON or YAML, e.g. -e '{{\"{name}\": ...}}')"
-            )
-    return errors
-
-
-def _expected(name: str, option: Mapping[str, Any]) -> str:
-    text = f"{name}: {option.get('type', 'str')}"
-    if "elements" in option:
-        text += f" of {option['elements']}"
-    if "options" in option:
-        text += " with keys " + ", ".join(option["options"])
-    if "choices" in option:
-        text += ", one of " + ", ".join(str(c) for c in option["choices"])
-    description = option.get("description", "")
-    if isinstance(description, list):
-        description = " ".join(description)
-    return f"{text} ({re.sub(r'[.]$', '', str(description).strip())})"
-
-
-def spec_message(problems: Sequence[str], spec: Mapping[str, Mapping[str, Any]], role: str) -> str:
-    """The message for `problems` of spec_problems: each problem, then what each option named
-    in them expects, and where that is declared."""
-    named = [
-        _expected(name, option)
-        for name, option in spec.items()
-        if any(re.search(rf"\b{re.escape(name)}\b", problem) for problem in problems)
-    ]
-    expected = "".join(f"{item}; " for item in named)
-    return (
-        f"{role} settings: {'; '.join(problems)}. Expected {expected}"
-        f"see roles/{role}/meta/argument_specs.yml."
-    )
 
 
 def at_least(rules: Iterable[Sequence[Any]]) -> list[str]:
@@ -135,9 +74,6 @@ def fields_at_least(
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
-            "specfleet_structured_options": structured_options,
-            "specfleet_spec_problems": spec_problems,
-            "specfleet_spec_message": spec_message,
             "specfleet_at_least": at_least,
             "specfleet_below_floor": below_floor,
             "specfleet_fields_at_least": fields_at_least,
