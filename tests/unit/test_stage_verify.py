@@ -434,6 +434,9 @@ def test_an_artifact_the_manifest_skips_is_never_served_from_kept_results(
     for _ in range(2):
         assert stage_verify.verify(stamp, results=results)["checker"] == "ran"
     assert runs_of(runs) == 2
+    # Not walked either: a real venv is ~50,000 files, a second of every run.
+    monkeypatch.setattr(stage_verify.os, "walk", lambda *_: pytest.fail("the venv was walked"))
+    assert stage_verify.CheckerResults.key(stamp, argv) is None
 
 
 def test_a_file_added_beside_the_listed_ones_starts_the_checker_again(
@@ -452,12 +455,21 @@ def test_a_file_added_beside_the_listed_ones_starts_the_checker_again(
     assert runs_of(runs) == 2
 
 
-def test_the_helpers_zip_stands_for_the_checkers_sources(tmp_path, monkeypatch) -> None:
-    archive = tmp_path / "specfleet_helpers.zip"
-    archive.write_bytes(b"PK")
-    fake = archive / "specfleet_helpers" / "checks" / "stage_verify.py"
-    monkeypatch.setattr(stage_verify, "__file__", str(fake))
-    assert [entry[0] for entry in stage_verify._helpers_sources()] == [str(archive)]
+def test_the_helpers_zip_stands_for_the_checkers_sources_by_its_content(
+    tmp_path, monkeypatch
+) -> None:
+    """Shipped beside the helpers in place, then moved over them (session/helpers.yml): the
+    same zip at a new path and ctime is the same checkers."""
+    shipped = tmp_path / "specfleet_helpers.0123456789ab.zip"
+    shipped.write_bytes(b"PK one")
+    module = ("specfleet_helpers", "checks", "stage_verify.py")
+    monkeypatch.setattr(stage_verify, "__file__", str(shipped.joinpath(*module)))
+    before = stage_verify._helpers_sources()
+    in_place = shipped.rename(tmp_path / "specfleet_helpers.zip")
+    monkeypatch.setattr(stage_verify, "__file__", str(in_place.joinpath(*module)))
+    assert stage_verify._helpers_sources() == before
+    in_place.write_bytes(b"PK two")
+    assert stage_verify._helpers_sources() != before
 
 
 def test_a_failed_or_racy_check_is_never_kept(tmp_path, monkeypatch) -> None:

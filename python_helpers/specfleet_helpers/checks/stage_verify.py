@@ -159,13 +159,15 @@ def _stat_entry(path: Path) -> list[Any]:
 
 
 def _helpers_sources() -> list[list[Any]]:
-    """The stat of this package's sources (a changed checker is a different checker): the zip
-    session/helpers.yml ships, or the source tree."""
+    """What identifies this package's sources (a changed checker is a different checker): the
+    stat of the source tree's files, or the sha256 of the zip session/helpers.yml ships (a run
+    that ships new helpers checks with them beside the old ones, then moves them in place:
+    a new path and ctime, the same checkers)."""
     package = Path(__file__).resolve().parents[1]
     if package.is_dir():
         return [_stat_entry(path) for path in sorted(package.rglob("*.py"))]
     archive = next(p for p in package.parents if p.is_file() or not p.name)
-    return [_stat_entry(archive)]
+    return [["zip", hashlib.sha256(archive.read_bytes()).hexdigest()]]
 
 
 class CheckerResults:
@@ -191,6 +193,11 @@ class CheckerResults:
                 v for v in (stamp.get("artifacts") or {}).values() if isinstance(v, str) and v
             ):
                 top = Path(value)
+                # An artifact the manifest lists nothing of or under (a venv) is not walked:
+                # the result is not kept either way (below).
+                inside = value.rstrip(os.sep) + os.sep
+                if value not in listed and not any(path.startswith(inside) for path in listed):
+                    return None
                 paths = [top]
                 if top.is_dir() and not top.is_symlink():
                     paths = []
