@@ -14,7 +14,8 @@ environment, a working directory, stdin and the JSON parsed:
       register: opened
 
 Returns rc, stdout, stderr (and their _lines), cmd and, with json, json. Fails on a non-zero
-exit (failed_when overrides it); never `changed` (changed_when for a command that changes
+exit, with the end of stderr (or of stdout, when stderr is empty) as its message (failed_when
+overrides it); never `changed` (changed_when for a command that changes
 something). Skipped in --check mode like the command module, unless the task says
 `check_mode: false`. On ssh the command gets no tty, so stdout and stderr stay apart.
 """
@@ -93,7 +94,8 @@ class ActionModule(ActionBase):
             changed=False,
         )
         if rc != 0:
-            result.update(failed=True, msg=f"non-zero return code {rc}: {stderr.strip()[-2000:]}")
+            said = stderr.strip() or stdout.strip()
+            result.update(failed=True, msg=f"non-zero return code {rc}: {said[-2000:]}")
         if args.get("json"):
             try:
                 result["json"] = json.loads(stdout) if stdout.strip() else None

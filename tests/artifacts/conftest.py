@@ -4,7 +4,10 @@ The suite runs against any inventory:
     pytest tests/artifacts --hosts='ansible://all' --ansible-inventory=inventory/fleet.yml
 The work root comes from SPECFLEET_ROOTS (a JSON object {host: root}, which the validate
 role passes), else SPECFLEET_ROOT, else the host's `specfleet_root` inventory variable, else
-the fleet default /var/lib/specfleet.
+the fleet default /var/lib/specfleet. How to reach each host comes from ansible-inventory,
+or, when the validate role runs the suite, from SPECFLEET_INVENTORY_JSON: the connection
+variables as Ansible resolved them (plugins/filter/specfleet_inventory.py), which spares the
+suite its own ansible-inventory run.
 """
 
 from __future__ import annotations
@@ -16,6 +19,15 @@ from typing import Any
 import pytest
 
 DEFAULT_ROOT = "/var/lib/specfleet"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    resolved = os.environ.get("SPECFLEET_INVENTORY_JSON")
+    if resolved:
+        from testinfra.utils import ansible_runner
+
+        inventory = json.loads(resolved)
+        ansible_runner.get_ansible_inventory = lambda _config, _inventory_file: inventory
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,9 @@ CASES: dict[str, dict[str, Any]] = {
             "argv": [PY, "-c", "import sys; print('why', file=sys.stderr); sys.exit(4)"]
         }
     },
+    "nonzero_says_stdout": {
+        "specfleet_command": {"argv": [PY, "-c", "import sys; print('held by x'); sys.exit(4)"]}
+    },
     "nonzero_allowed": {
         "specfleet_command": {"argv": [PY, "-c", "import sys; sys.exit(4)"]},
         "failed_when": False,
@@ -80,6 +83,7 @@ def test_a_nonzero_exit_fails_naming_the_code_and_stderr(
 ) -> None:
     result = results["nonzero_fails"]
     assert result["failed"] and result["rc"] == 4 and result["msg"] == "non-zero return code 4: why"
+    assert results["nonzero_says_stdout"]["msg"] == "non-zero return code 4: held by x"
     allowed = results["nonzero_allowed"]
     assert not allowed.get("failed") and allowed["rc"] == 4
 

@@ -125,3 +125,34 @@ def test_no_stage_role_hands_the_contract_more_than_its_name() -> None:
                 name = given.get("stage_name") or given.get("stage_failed_name")
                 assert name == stage, f"{where}: calls the contract for {name}"
     assert calls >= 2 * (len(declarations()) - 1), calls
+
+
+def test_every_call_of_an_internal_entry_point_matches_its_argument_spec() -> None:
+    """The stage role's entry points are called with rolespec_validate: false (validated at
+    run time they cost two tasks per stage and run): this checks each call against the entry
+    point's spec instead (roles/stage/meta/argument_specs.yml), as Ansible would."""
+    specs = yaml.safe_load((ROLES / "stage" / "meta" / "argument_specs.yml").read_text())
+    specs = specs["argument_specs"]
+    calls = 0
+    for path in sorted(ROLES.glob("*/tasks/*.yml")):
+        where = path.relative_to(REPO)
+        for task in stage_includes(path):
+            calls += 1
+            module = task.get("ansible.builtin.import_role") or task["ansible.builtin.include_role"]
+            entry = module.get("tasks_from", "main")
+            assert entry in specs, f"{where}: no argument spec for the stage entry point {entry}"
+            assert module.get("rolespec_validate") is False, (
+                f"{where}: calls stage/{entry} without rolespec_validate: false"
+            )
+            options = specs[entry].get("options") or {}
+            given = task.get("vars", {})
+            unknown = set(given) - set(options)
+            assert not unknown, f"{where}: passes {sorted(unknown)} to stage/{entry}"
+            required = {name for name, option in options.items() if option.get("required")}
+            missing = required - set(given)
+            assert not missing, f"{where}: calls stage/{entry} without {sorted(missing)}"
+            for name, value in given.items():
+                kind = options[name].get("type", "str")
+                if kind == "str" and "{{" not in str(value):
+                    assert isinstance(value, str), f"{where}: {name} is not a str: {value!r}"
+    assert calls >= 20, calls
