@@ -28,9 +28,12 @@ def run_cases(
     work: Path,
     cases: list[dict[str, Any]],
     play_vars: dict[str, Any] | None = None,
+    interpreter: str | None = sys.executable,
+    env: dict[str, str] | None = None,
 ) -> PlayRun:
     """One play of `cases` (tasks, each with a unique name; run with ignore_errors), then
-    every case's registered result, in the order given."""
+    every case's registered result, in the order given. `interpreter`: the host's
+    ansible_python_interpreter (None: Ansible discovers one); `env`: more of the environment."""
     out = work / "results.json"
     names = [case["name"] for case in cases]
     tasks = [{**case, "register": f"r_{i}", "ignore_errors": True} for i, case in enumerate(cases)]
@@ -50,14 +53,13 @@ def run_cases(
             "localhost,",
             "-c",
             "local",
-            "-e",
-            f"ansible_python_interpreter={sys.executable}",
+            *(["-e", f"ansible_python_interpreter={interpreter}"] if interpreter else []),
             str(work / "play.yml"),
         ],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg")},
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), **(env or {})},
         cwd=REPO,
     )
     assert done.returncode == 0, done.stdout + done.stderr
