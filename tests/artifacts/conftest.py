@@ -46,15 +46,26 @@ def root(host) -> str:
     return DEFAULT_ROOT
 
 
+# What the suite has read, by host and path: the stamps are read by nearly every test, and
+# each read is a round trip to the host (over ssh on a fleet). Nothing in the suite writes.
+_READ: dict[tuple[str, str], dict[str, Any]] = {}
+
+
 def read_json(host, path: str) -> dict[str, Any]:
-    f = host.file(path)
-    assert f.exists, f"{path} is missing on {host.backend.get_hostname()}"
-    try:
-        return json.loads(f.content_string)
-    except ValueError as exc:
-        raise AssertionError(
-            f"{path} is not valid JSON: {exc}; starts with {f.content_string[:200]!r}"
-        ) from exc
+    key = (host.backend.get_hostname(), path)
+    if key not in _READ:
+        result = host.run("cat -- %s", path)
+        assert result.rc == 0, (
+            f"{path} is missing or unreadable on {host.backend.get_hostname()}: "
+            f"{result.stderr.strip()}"
+        )
+        try:
+            _READ[key] = json.loads(result.stdout)
+        except ValueError as exc:
+            raise AssertionError(
+                f"{path} is not valid JSON: {exc}; starts with {result.stdout[:200]!r}"
+            ) from exc
+    return _READ[key]
 
 
 @pytest.fixture(scope="module")
