@@ -156,3 +156,37 @@ def test_every_call_of_an_internal_entry_point_matches_its_argument_spec() -> No
                 if kind == "str" and "{{" not in str(value):
                     assert isinstance(value, str), f"{where}: {name} is not a str: {value!r}"
     assert calls >= 20, calls
+
+
+def specfleet_rules_tasks(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every specfleet_rules task's arguments, blocks walked."""
+    found = []
+    for task in tasks or []:
+        if "specfleet_rules" in task:
+            found.append(task["specfleet_rules"])
+        for key in ("block", "rescue", "always"):
+            found.extend(specfleet_rules_tasks(task.get(key)))
+    return found
+
+
+def test_the_plays_skip_only_the_spec_checks_the_settings_check_makes() -> None:
+    """site.yml's plays import the stage roles with rolespec_validate: false because its first
+    play's settings check (playbooks/tasks/settings.yml, looped over every declared stage)
+    validates each role's main argument spec (specfleet_rules argument_spec: main) before any
+    host work. Each import that skips it must be of a role so checked."""
+    provision = yaml.safe_load(PLAYBOOKS[0].read_text())[0]
+    loop = next(t for t in provision["pre_tasks"] if t.get("loop_control"))
+    assert loop["ansible.builtin.include_tasks"] == "tasks/settings.yml"
+    assert loop["loop"] == "{{ specfleet_stages.keys() | list }}"
+    skipped = []
+    for playbook in PLAYBOOKS:
+        for play in yaml.safe_load(playbook.read_text()):
+            for task in play.get("tasks", []):
+                imported = task.get("ansible.builtin.import_role")
+                if imported and imported.get("rolespec_validate") is False:
+                    skipped.append(imported["name"])
+    assert set(skipped) == set(declarations()), skipped
+    for role in declarations():
+        settings = yaml.safe_load((ROLES / role / "tasks" / "settings.yml").read_text())
+        specs = [rules.get("argument_spec") for rules in specfleet_rules_tasks(settings)]
+        assert "main" in specs, f"roles/{role}/tasks/settings.yml does not check its main spec"
