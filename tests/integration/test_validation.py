@@ -23,6 +23,7 @@ SPECFLEET_VALIDATION_DIR=<dir> keeps the work root there across sessions.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -290,3 +291,37 @@ def test_d_deleted_shard_and_hidden_states_file_red_then_redone(primed: Pipeline
     assert primed.redone(stamps) == set(STAGES) - {"speculators_install"}
     assert shards[-1].is_file() and hs.is_file()
     assert_validate_green(primed, "d-validate-green")
+
+
+def test_e_data_from_a_jsonl_file_is_pushed_stamped_and_kept(primed: Pipeline, tmp_path: Path):
+    """data_source: file end to end (every other run trains on the smoke chats): the file is
+    pushed to the host, its conversations become the dataset, the stamp records the file's
+    checksum, and the same file again changes nothing."""
+    chats = tmp_path / "chats.jsonl"
+    rows = [
+        {
+            "conversations": [
+                {"role": "user", "content": f"question {i}: what comes after {i}?"},
+                {"role": "assistant", "content": f"{i + 1} comes after {i}."},
+            ]
+        }
+        for i in range(4)
+    ]
+    chats.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    file_vars = {"data_source": "file", "data_input_file": str(chats)}
+    before = primed.stamps()
+
+    run = primed.play("e-data-file", tags="data", **file_vars)
+    assert run.rc == 0, run.tail()
+    assert "data" in run.started_stages(), run.tail()
+    data = primed.stamps()["data"]
+    assert data["run_id"] != before["data"]["run_id"]
+    assert data["inputs"]["source"] == "file", data["inputs"]
+    assert data["inputs"]["input_sha256"] == hashlib.sha256(chats.read_bytes()).hexdigest()
+    assert data["metrics"]["rows"] == len(rows), data["metrics"]
+    assert (primed.root / "data" / "input.jsonl").read_bytes() == chats.read_bytes()
+
+    again = primed.play("e-data-file-again", tags="data", **file_vars)
+    assert again.rc == 0, again.tail()
+    assert again.started_stages() == [], again.started_stages()
+    assert primed.stamps()["data"]["run_id"] == data["run_id"]
