@@ -88,8 +88,6 @@ class ActionModule(ActionBase):
 
     def _configured_interpreter(self, task_vars: dict[str, Any]) -> str | None:
         """ansible_python_interpreter as set for the host (templated), or None to discover."""
-        if getattr(self._connection, "_remote_is_local", False):
-            return str(task_vars["ansible_playbook_python"])
         value = task_vars.get("ansible_python_interpreter")
         if value is None:
             return None
