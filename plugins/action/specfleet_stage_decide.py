@@ -144,6 +144,7 @@ class ActionModule(ActionBase):
         verifier = args.get("verifier", [])
         changed = False
         reason = decided["reason"]
+        live: Mapping[str, Any] = {}
         if not reason:
             check = usable_precheck(args.get("prechecked"), stamp, verifier)
             if check is None:
@@ -152,6 +153,7 @@ class ActionModule(ActionBase):
             problem = check_problem(check)
             if problem:
                 reason = "artifacts no longer valid: " + truncated(problem)
+            live = check.get("live") or {}
         redo = bool(reason)
         if not redo and args.get("failure_recorded", False):
             # Up to date means it passed: an earlier run's failure record no longer stands.
@@ -184,6 +186,9 @@ class ActionModule(ActionBase):
             inputs=decided["inputs"],
             script=args.get("script"),
             previous=dict(stamp),
+            # What a stage that is not redone reports: its stamp's metrics, with what its checker
+            # saw of anything running now (live_*: the deployed service's pid and restarts).
+            metrics={**(stamp.get("metrics") or {}), **live},
             checker=verifier,
             stage_runs=stage_runs,
             run_results=run_results,

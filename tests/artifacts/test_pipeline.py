@@ -9,6 +9,8 @@ import json
 import math
 import shlex
 
+import pytest
+
 SAFETENSORS_KEYS_PROBE = (
     "import json, struct, sys\n"
     "f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]\n"
@@ -95,6 +97,33 @@ def test_serve_result(host, stamp):
     assert serve["inputs"]["speculative_config"]["method"] == "dflash"
     if serve["inputs"]["lossless"] is not None:
         assert result["lossless"]["equal"], result["lossless"]
+
+
+def test_the_service_serves_the_checked_draft(host, stamp, root):
+    """serve_mode service: the endpoint the serve stage checked is still the one deployed, its
+    supervisor keeps it running, and it answers /health."""
+    serve = stamp("serve")
+    if serve["inputs"]["mode"] != "service":
+        pytest.skip("serve_mode smoke: nothing is left serving")
+    result = json.loads(host.file(serve["artifacts"]["result"]).content_string)
+    checked = result["service"]
+    record = json.loads(host.file(f"{root}/run/serve.service.json").content_string)
+    assert record["launcher_sha256"] == checked["launcher_sha256"], (record, checked)
+    assert host.file(record["launcher"]).sha256sum == checked["launcher_sha256"]
+    assert host.file(record["launcher"]).contains("--speculative-config")
+    if record["manager"] == "systemd":
+        unit = host.service(record["unit"])
+        assert unit.is_running and unit.is_enabled, record["unit"]
+    else:
+        cmdline = host.file(f"/proc/{record['supervisor_pid']}/cmdline").content_string
+        assert "specfleet_helpers.host.service" in cmdline and "supervise" in cmdline, cmdline
+    probe = host.run(
+        "python3 -c %s %s",
+        "import sys, urllib.request as u; o = u.build_opener(u.ProxyHandler({}));"
+        " print(o.open(sys.argv[1], timeout=5).status)",
+        f"http://{'127.0.0.1' if record['host'] in ('0.0.0.0', '') else record['host']}:{record['port']}/health",
+    )
+    assert probe.rc == 0 and probe.stdout.strip() == "200", probe.stderr
 
 
 def test_no_server_left_running(host, root):

@@ -71,6 +71,14 @@ RACY_WINDOW_NS = 3_000_000_000
 CHECKER_TIMEOUT_S = 900
 # Metrics that are not facts of the files: how long something took, when it happened.
 TIMING_KEY = re.compile(r"(^|_)(s|ms|seconds|time|elapsed|duration|started|ended|at)$")
+# A checker's top-level keys that report the present state of something running (the serve
+# stage's deployed service: its pid, its restarts), not what the files hold: never compared
+# with the stamp, never kept (the checker runs every time), and passed on with the check.
+LIVE_PREFIX = "live_"
+
+
+def live_part(fresh: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in fresh.items() if k.startswith(LIVE_PREFIX)}
 
 OK, DAMAGED, UNVERIFIED, MISSING = "ok", "damaged", "unverified", "missing"
 
@@ -343,7 +351,7 @@ def compare_metrics(fresh: dict[str, Any], recorded: dict[str, Any], where: str 
     differ = []
     for key, value in sorted(fresh.items()):
         name = f"{where}{key}"
-        if TIMING_KEY.search(key) or key not in recorded:
+        if TIMING_KEY.search(key) or key not in recorded or (not where and key.startswith(LIVE_PREFIX)):
             continue
         old = recorded[key]
         if isinstance(value, dict) and isinstance(old, dict):
@@ -417,8 +425,13 @@ def verify(
         differ = compare_metrics(fresh, metrics)
         if differ:
             raise VerifyError("metrics disagree with the files: " + "; ".join(differ))
-        out["metrics"] = sorted(k for k in fresh if k in metrics and not TIMING_KEY.search(k))
-        if results and key and kept is None:
+        out["metrics"] = sorted(
+            k for k in fresh if k in metrics and not TIMING_KEY.search(k) and not k.startswith(LIVE_PREFIX)
+        )
+        live = live_part(fresh)
+        if live:
+            out["live"] = live
+        elif results and key and kept is None:
             results.put(str(stamp["stage"]), key, fresh)
     except VerifyError as exc:
         out.update(status=DAMAGED, problem=str(exc))

@@ -127,6 +127,22 @@ def _listening_inodes(port: int) -> set[str]:
     return inodes
 
 
+# Set by the launcher of a service specfleet deployed (serve_mode service): a port its server
+# holds is specfleet's own, redeployed by its stage, not a conflict.
+SERVICE_ENV = b"SPECFLEET_SERVICE="
+
+
+def _service_of(proc: Path) -> Optional[str]:
+    try:
+        environ = (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in environ:
+        if item.startswith(SERVICE_ENV):
+            return item[len(SERVICE_ENV) :].decode(errors="replace") or None
+    return None
+
+
 def port_owner(port: int) -> Optional[dict[str, Any]]:
     """Best effort: the process listening on the port (visible only to root or its owner)."""
     inodes = _listening_inodes(port)
@@ -145,7 +161,11 @@ def port_owner(port: int) -> Optional[dict[str, Any]]:
                         .replace(b"\0", b" ")
                         .decode(errors="replace")
                     )
-                    return {"pid": int(proc.name), "cmdline": cmdline.strip()[:200]}
+                    return {
+                        "pid": int(proc.name),
+                        "cmdline": cmdline.strip()[:200],
+                        "service": _service_of(proc),
+                    }
         except OSError:
             continue
     return {"pid": None, "cmdline": None}

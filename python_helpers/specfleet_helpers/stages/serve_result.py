@@ -6,7 +6,10 @@ greedy outputs with and without the draft). `combine` writes them as one result.
 (atomically); `verify` re-reads it and exits 1 unless the smoke completion finished by
 length with exactly max_tokens tokens, the draft proposed tokens (drafts > 0), with
 --require-api-key the server refused requests without its key (HTTP 401), and, when
-checked, the draft server's greedy tokens equal the plain verifier's.
+checked, the draft server's greedy tokens equal the plain verifier's. For serve_mode service
+(--service-name), `verify` also requires the deployed service to be what this result checked
+(the same launcher, unchanged), running and answering /health: a stopped, removed or
+hand-changed endpoint is redeployed by the next run.
 
 The plain verifier's greedy outputs depend only on the verifier's files, the vLLM install,
 the server's arguments and the prompts, so they are kept (`keep-reference`) under a key made
@@ -24,6 +27,7 @@ import argparse
 import hashlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -64,14 +68,47 @@ def combine(
     out: Path,
     auth: Optional[Path] = None,
     plain_source: str = "served",
+    service: Optional[Path] = None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"chat": last_json(chat), "metrics": last_json(metrics)}
     if auth is not None:
         result["auth"] = last_json(auth)
+    if service is not None:
+        shown = last_json(service)
+        result["service"] = {key: shown.get(key) for key in SERVICE_KEYS}
     if spec is not None and plain is not None:
         result["lossless"] = {**lossless(last_json(spec), last_json(plain)), "plain": plain_source}
     files.write_json_atomic(out, result, indent=1)
     return result
+
+
+# What result.json keeps of the service deployed (service.status), and verify reports.
+SERVICE_KEYS = ("manager", "unit", "launcher", "launcher_sha256", "main_pid", "restarts", "host", "port")
+
+
+def service_problems(result: dict[str, Any], name: str, run_dir: Path, health_wait_s: float) -> tuple[list[str], dict[str, Any]]:
+    """Whether the service this result checked still serves: deployed from the same launcher,
+    unchanged, running, and answering /health (within `health_wait_s` when its server is
+    running but still starting, e.g. just restarted by its supervisor)."""
+    from specfleet_helpers.host import service  # noqa: PLC0415 - only the service mode needs it
+
+    now = service.status(name, run_dir)
+    checked = result.get("service") or {}
+    if not now["deployed"]:
+        return [f"the '{name}' service is not deployed (stopped or removed since)"], now
+    if not checked:
+        return ["this result was not checked against a service"], now
+    if now.get("launcher_sha256") != checked.get("launcher_sha256") or not now.get("launcher_unchanged"):
+        return [f"the deployed '{name}' service is not the one this result checked (its launcher changed)"], now
+    deadline = time.monotonic() + health_wait_s
+    while now.get("running") and not now.get("healthy") and time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = service.status(name, run_dir)
+    if not now.get("running"):
+        return [f"the '{name}' service is not running ({now.get('manager')}: {now.get('active_state') or 'server process gone'})"], now
+    if not now.get("healthy"):
+        return [f"the '{name}' service runs but does not answer /health within {health_wait_s:g} s"], now
+    return [], now
 
 
 # Bumped when what a reference holds, or how it is keyed, changes: older ones are not taken.
@@ -149,11 +186,22 @@ def api_key_enforced(result: dict[str, Any]) -> bool:
 
 
 def verify(
-    result_path: Path, max_tokens: int, require_lossless: bool, require_api_key: bool = False
+    result_path: Path,
+    max_tokens: int,
+    require_lossless: bool,
+    require_api_key: bool = False,
+    service_name: Optional[str] = None,
+    run_dir: Optional[Path] = None,
+    health_wait_s: float = 0.0,
 ) -> dict[str, Any]:
     result = json.loads(result_path.read_text())
     chat, metrics = result["chat"], result["metrics"]
     problems = []
+    serving: dict[str, Any] = {}
+    if service_name is not None:
+        if run_dir is None:
+            raise ValueError("--service-name needs --run-dir")
+        problems, serving = service_problems(result, service_name, run_dir, health_wait_s)
     if require_api_key and not api_key_enforced(result):
         auth = result.get("auth")
         problems.append(
@@ -189,6 +237,9 @@ def verify(
         "mean_acceptance_length": metrics.get("mean_acceptance_length"),
         "api_key_enforced": api_key_enforced(result),
     }
+    if serving:
+        # live_: the service as it is now (stage_verify neither compares nor keeps it).
+        summary["live_service"] = {key: serving.get(key) for key in (*SERVICE_KEYS, "healthy", "enabled")}
     if "lossless" in result:
         summary["lossless"] = result["lossless"]["equal"]
         summary["lossless_prompts"] = result["lossless"]["prompts"]
@@ -213,6 +264,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         default="served",
         help="whether --greedy-plain came from a plain server now or was kept from an earlier run",
     )
+    c.add_argument("--service", type=Path, help="service status output (serve_mode service)")
     c.add_argument("--out", type=Path, required=True)
     v = sub.add_parser("verify", help="exit 1 unless result.json shows a passing smoke test")
     v.add_argument("--result", type=Path, required=True)
@@ -222,6 +274,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--require-api-key",
         action="store_true",
         help="fail unless a request without the API key was refused (HTTP 401)",
+    )
+    v.add_argument("--service-name", help="serve_mode service: the service that must still serve")
+    v.add_argument("--run-dir", type=Path, help="where the service's record is (with --service-name)")
+    v.add_argument(
+        "--health-wait-s",
+        type=float,
+        default=0.0,
+        help="how long a running service's server may take to answer /health (a restart)",
     )
     for name, what in (
         (
@@ -274,9 +334,18 @@ def main(argv: Optional[list[str]] = None) -> int:
                 args.out,
                 auth=args.auth,
                 plain_source=args.plain_source,
+                service=args.service,
             )
         else:
-            out = verify(args.result, args.max_tokens, args.require_lossless, args.require_api_key)
+            out = verify(
+                args.result,
+                args.max_tokens,
+                args.require_lossless,
+                args.require_api_key,
+                args.service_name,
+                args.run_dir,
+                args.health_wait_s,
+            )
     except (OSError, ValueError, KeyError) as exc:
         print(f"serve result {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1

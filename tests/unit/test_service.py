@@ -1,0 +1,201 @@
+"""Tests for specfleet_helpers.host.service: a server left running under a supervisor.
+
+The specfleet supervisor is exercised for real: the launcher execs a small Python HTTP server
+(GET /health, GET /env answers the API key it sees), with a child that ignores SIGTERM as
+vLLM's multiprocessing resource tracker does. systemd cannot run here as init; its unit text
+is checked here and the unit runs for real in the systemd test host of the integration tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from procutil import pid_alive, run_helper, wait_until
+from specfleet_helpers.host import host_probe, service
+
+FAKE_SERVER = r"""
+import http.server, os, signal, subprocess, sys
+port = int(sys.argv[1])
+# Like multiprocessing's resource tracker: a helper that ignores SIGTERM.
+subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"])
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = os.environ.get("VLLM_API_KEY", "").encode() if self.path == "/env" else b""
+        self.send_response(200 if self.path in ("/health", "/env") else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get(port: int, path: str) -> str:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+        return resp.read().decode()
+
+
+@pytest.fixture
+def layout(tmp_path: Path):
+    port = free_port()
+    server = tmp_path / "fake_server.py"
+    server.write_text(FAKE_SERVER)
+    launcher = tmp_path / "serve.service.sh"
+    env_file = tmp_path / "run" / "serve.service.env"
+    launcher.write_text(
+        "#!/usr/bin/env bash\nset -euo pipefail\n"
+        f"if [ -f {env_file} ]; then set -a; . {env_file}; set +a; fi\n"
+        f"exec python3 {server} {port}\n"
+    )
+    run = tmp_path / "run"
+    yield {"port": port, "launcher": launcher, "run": run, "log": tmp_path / "serve.log"}
+    service.stop("serve", run)
+
+
+def deploy(layout, *extra: str):
+    return run_helper(
+        "specfleet_helpers.host.service", "deploy", "--name=serve", f"--run-dir={layout['run']}",
+        f"--launcher={layout['launcher']}", f"--log={layout['log']}", "--manager=specfleet",
+        f"--port={layout['port']}", "--restart-delay-s=0.5", *extra,
+    )
+
+
+def test_deploy_serves_after_the_deploying_process_ends_and_comes_back_after_a_kill(layout):
+    done = deploy(layout)
+    assert done.returncode == 0, done.stderr
+    deployed = json.loads(done.stdout)
+    assert deployed["manager"] == "specfleet" and deployed["deployed"]
+    # The deploying process (run_helper's interpreter) has exited: the server must not go with it.
+    up = service.wait("serve", layout["run"], timeout=30)
+    assert up["healthy"] and up["running"] and up["restarts"] == 0
+    first = up["main_pid"]
+
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: service.status("serve", layout["run"]).get("healthy")
+                      and service.status("serve", layout["run"])["main_pid"] != first, timeout=20)
+    now = service.status("serve", layout["run"])
+    assert now["restarts"] == 1 and now["launcher_unchanged"]
+    assert "restart 1 in 0.5 s" in layout["log"].read_text()
+
+
+def test_stop_ends_every_process_without_waiting_out_the_grace_and_is_idempotent(layout):
+    assert deploy(layout).returncode == 0
+    up = service.wait("serve", layout["run"], timeout=30)
+    supervisor, main = up["supervisor_pid"], up["main_pid"]
+    began = time.monotonic()
+    stopped = service.stop("serve", layout["run"])
+    # The SIGTERM-ignoring helper is killed once the server itself has exited.
+    assert time.monotonic() - began < 10
+    assert stopped["stopped"] and stopped["removed"]
+    assert not pid_alive(supervisor) and not pid_alive(main)
+    assert host_probe.port_free("127.0.0.1", layout["port"])
+    assert not service.record_path(layout["run"], "serve").exists()
+    assert service.status("serve", layout["run"]) == {"name": "serve", "deployed": False, "running": False}
+    assert service.stop("serve", layout["run"])["stopped"] is False
+
+
+def test_redeploy_replaces_the_running_server(layout):
+    assert deploy(layout).returncode == 0
+    first = service.wait("serve", layout["run"], timeout=30)
+    again = deploy(layout)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["replaced"] is True
+    second = service.wait("serve", layout["run"], timeout=30)
+    assert second["supervisor_pid"] != first["supervisor_pid"]
+    assert not pid_alive(first["supervisor_pid"]) and not pid_alive(first["main_pid"])
+
+
+def test_the_api_key_reaches_the_server_through_a_private_file_only(layout):
+    os.environ["VLLM_API_KEY"] = "s3cret-key"
+    try:
+        done = deploy(layout, "--pass-env=VLLM_API_KEY")
+    finally:
+        del os.environ["VLLM_API_KEY"]
+    assert done.returncode == 0, done.stderr
+    service.wait("serve", layout["run"], timeout=30)
+    assert get(layout["port"], "/env") == "s3cret-key"
+    env_file = service.env_file(layout["run"], "serve")
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    for text in (done.stdout, service.record_path(layout["run"], "serve").read_text(), layout["log"].read_text()):
+        assert "s3cret-key" not in text
+    service.stop("serve", layout["run"])
+    assert not env_file.exists()
+
+
+def test_a_busy_port_is_refused_naming_it(layout):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", layout["port"]))
+        sock.listen()
+        done = deploy(layout)
+    assert done.returncode == 1
+    assert f"port {layout['port']} on 127.0.0.1 is in use by pid {os.getpid()}" in done.stderr
+    assert not service.status("serve", layout["run"])["deployed"]
+
+
+def test_wait_fails_fast_with_the_log_tail_when_the_server_exits_while_starting(layout):
+    layout["launcher"].write_text("#!/usr/bin/env bash\necho 'boom: no such model' >&2\nexit 3\n")
+    assert deploy(layout).returncode == 0
+    began = time.monotonic()
+    with pytest.raises(service.ServiceError) as raised:
+        service.wait("serve", layout["run"], timeout=60)
+    assert time.monotonic() - began < 20
+    assert "exited while starting" in str(raised.value) and "boom: no such model" in str(raised.value)
+
+
+def test_a_changed_launcher_shows_in_the_status(layout):
+    assert deploy(layout).returncode == 0
+    service.wait("serve", layout["run"], timeout=30)
+    layout["launcher"].write_text(layout["launcher"].read_text() + "# edited by hand\n")
+    assert service.status("serve", layout["run"])["launcher_unchanged"] is False
+
+
+def test_the_port_probe_knows_the_services_own_server(layout):
+    layout["launcher"].write_text(
+        layout["launcher"].read_text().replace("exec python3", "export SPECFLEET_SERVICE=serve\nexec python3")
+    )
+    assert deploy(layout).returncode == 0
+    service.wait("serve", layout["run"], timeout=30)
+    owner = host_probe.port_owner(layout["port"])
+    assert owner and owner["service"] == "serve"
+
+
+def test_systemd_is_refused_where_it_is_not_usable(monkeypatch):
+    monkeypatch.setattr(service, "systemd_usable", lambda: False)
+    assert service.choose_manager("auto") == "specfleet"
+    with pytest.raises(service.BadInput, match="--manager systemd: systemd is not the running init"):
+        service.choose_manager("systemd")
+    monkeypatch.setattr(service, "systemd_usable", lambda: True)
+    assert service.choose_manager("auto") == "systemd"
+
+
+def test_the_unit_restarts_always_and_starts_at_boot():
+    text = service.render_unit("serve", Path("/srv/run/serve.service.sh"), Path("/srv/logs/serve.log"), "d", 5)
+    lines = text.splitlines()
+    for line in ("ExecStart=/bin/bash /srv/run/serve.service.sh", "Restart=always", "RestartSec=5",
+                 "StartLimitIntervalSec=0", "StandardOutput=append:/srv/logs/serve.log",
+                 "WantedBy=multi-user.target"):
+        assert line in lines, line
+
+
+def test_help_names_every_command():
+    done = run_helper("specfleet_helpers.host.service", "--help")
+    assert done.returncode == 0
+    for command in ("deploy", "status", "wait", "stop"):
+        assert command in done.stdout
