@@ -117,11 +117,12 @@ def test_the_service_serves_the_checked_draft(host, stamp, root):
     else:
         cmdline = host.file(f"/proc/{record['supervisor_pid']}/cmdline").content_string
         assert "specfleet_helpers.host.service" in cmdline and "supervise" in cmdline, cmdline
+    address = "127.0.0.1" if record["host"] in ("0.0.0.0", "") else record["host"]
     probe = host.run(
         "python3 -c %s %s",
         "import sys, urllib.request as u; o = u.build_opener(u.ProxyHandler({}));"
         " print(o.open(sys.argv[1], timeout=5).status)",
-        f"http://{'127.0.0.1' if record['host'] in ('0.0.0.0', '') else record['host']}:{record['port']}/health",
+        f"http://{address}:{record['port']}/health",
     )
     assert probe.rc == 0 and probe.stdout.strip() == "200", probe.stderr
 

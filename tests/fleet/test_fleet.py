@@ -11,7 +11,11 @@ the trained draft's weights deleted on a3-node1 and a serve API key set there. C
 - per-group settings (specfleet_hardware_groups, roles/specfleet/defaults) landed on the hosts
   of that group, and no other;
 - controller sources: models and wheels came from the controller;
-- each host is its own machine (hostname, filesystem).
+- each host is its own machine (hostname, filesystem);
+- serve_mode service (a2-node1, a3-node1): the endpoint is left serving, and the server
+  running is the very one the last serve run deployed and checked: a2-node1's was deployed by
+  the converge and kept through the no-op run and the side effect, a3-node1's redeployed by
+  the side effect (with the key, which reaches the server and no file of the work root).
 Run by `molecule test -s fleet` (verify), with the hosts of the scenario's inventory.
 """
 
@@ -35,6 +39,8 @@ BROKEN_HOST, BROKEN_STAGE = "a950-node1", "train"
 # Its trained draft's weights deleted before the side effect's run, which set a serve API key
 # there (molecule/fleet).
 DAMAGED_HOST = "a3-node1"
+# serve_mode service there (molecule/fleet/host_vars); a950-node1 keeps smoke.
+SERVICE_HOSTS = ("a2-node1", "a3-node1")
 STAGES = [
     "npu_env",
     "speculators_install",
@@ -266,3 +272,28 @@ def test_api_key_is_in_no_file_of_the_work_root(host):
     # grep's own command line holds the key on the host for a moment; a test may.
     found = host.run("grep -rlF -e %s -- %s", api_key(), root)
     assert found.rc == 1 and found.stdout == "", f"key found: {found.stdout}{found.stderr}"
+
+
+def test_the_endpoint_left_serving_is_the_one_last_deployed_and_checked(host):
+    name = host.backend.get_hostname()
+    root = root_of(host)
+    serve = read_json(host, f"{root}/state/serve.json")
+    if name not in SERVICE_HOSTS:
+        assert serve["inputs"]["mode"] == "smoke"
+        assert not host.file(f"{root}/run/serve.service.json").exists
+        return
+    assert serve["inputs"]["mode"] == "service"
+    record = read_json(host, f"{root}/run/serve.service.json")
+    assert record["manager"] == "specfleet"  # no systemd as init on these hosts
+    running = read_json(host, f"{root}/run/serve.service.main.json")
+    checked = read_json(host, serve["artifacts"]["result"])["service"]
+    # No redeploy and no restart since the serve run that checked it: on a2-node1 that run was
+    # the converge, so the no-op run and the side effect kept the same server process.
+    assert running["main_pid"] == checked["main_pid"] and running["restarts"] == 0, (
+        running,
+        checked,
+    )
+    cmdline = host.file(f"/proc/{running['main_pid']}/cmdline").content_string
+    assert "vllm.entrypoints.cli.main" in cmdline and "dflash" in cmdline, cmdline
+    redone = by_host(latest())[name]["stages"]["serve"]["detail"].startswith("ran: ")
+    assert redone == (name == DAMAGED_HOST)

@@ -250,3 +250,49 @@ def test_combine_records_where_the_plain_outputs_came_from(tmp_path):
     assert kept.returncode == 0, kept.stderr
     assert json.loads(out.read_text())["lossless"]["plain"] == "kept"
     assert serve_result.verify(out, 8, require_lossless=True)["lossless"] is True
+
+
+SERVICE = {
+    "deployed": True,
+    "manager": "specfleet",
+    "launcher": "/srv/run/serve.service.sh",
+    "launcher_sha256": "a" * 64,
+    "launcher_unchanged": True,
+    "main_pid": 4242,
+    "restarts": 0,
+    "host": "127.0.0.1",
+    "port": 8000,
+    "running": True,
+    "healthy": True,
+}
+
+
+def test_service_mode_requires_the_checked_service_still_serving(checks, tmp_path, monkeypatch):
+    from specfleet_helpers.host import service
+
+    combined = serve_result.combine(
+        checks["chat"],
+        checks["metrics"],
+        None,
+        None,
+        checks["out"],
+        service=write(tmp_path / "service.json", SERVICE),
+    )
+    assert (
+        combined["service"]["launcher_sha256"] == "a" * 64 and "running" not in combined["service"]
+    )
+    now = dict(SERVICE, main_pid=5151, restarts=1)
+    monkeypatch.setattr(service, "status", lambda name, run_dir: now)
+    summary = serve_result.verify(checks["out"], 8, False, service_name="serve", run_dir=tmp_path)
+    # A restart by the supervisor is no reason to redeploy; it is reported as it is now.
+    assert summary["live_service"]["main_pid"] == 5151 and summary["live_service"]["restarts"] == 1
+    for change, problem in (
+        ({"deployed": False}, "is not deployed"),
+        ({"launcher_sha256": "b" * 64}, "its launcher changed"),
+        ({"launcher_unchanged": False}, "its launcher changed"),
+        ({"running": False, "healthy": False}, "is not running"),
+        ({"healthy": False}, "does not answer /health within 0 s"),
+    ):
+        now = dict(SERVICE, **change)
+        with pytest.raises(ValueError, match=problem):
+            serve_result.verify(checks["out"], 8, False, service_name="serve", run_dir=tmp_path)

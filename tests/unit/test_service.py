@@ -25,7 +25,8 @@ FAKE_SERVER = r"""
 import http.server, os, signal, subprocess, sys
 port = int(sys.argv[1])
 # Like multiprocessing's resource tracker: a helper that ignores SIGTERM.
-subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"])
+IGNORE = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+subprocess.Popen([sys.executable, "-c", IGNORE])
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = os.environ.get("VLLM_API_KEY", "").encode() if self.path == "/env" else b""
@@ -70,9 +71,16 @@ def layout(tmp_path: Path):
 
 def deploy(layout, *extra: str):
     return run_helper(
-        "specfleet_helpers.host.service", "deploy", "--name=serve", f"--run-dir={layout['run']}",
-        f"--launcher={layout['launcher']}", f"--log={layout['log']}", "--manager=specfleet",
-        f"--port={layout['port']}", "--restart-delay-s=0.5", *extra,
+        "specfleet_helpers.host.service",
+        "deploy",
+        "--name=serve",
+        f"--run-dir={layout['run']}",
+        f"--launcher={layout['launcher']}",
+        f"--log={layout['log']}",
+        "--manager=specfleet",
+        f"--port={layout['port']}",
+        "--restart-delay-s=0.5",
+        *extra,
     )
 
 
@@ -87,8 +95,13 @@ def test_deploy_serves_after_the_deploying_process_ends_and_comes_back_after_a_k
     first = up["main_pid"]
 
     os.kill(first, signal.SIGKILL)
-    assert wait_until(lambda: service.status("serve", layout["run"]).get("healthy")
-                      and service.status("serve", layout["run"])["main_pid"] != first, timeout=20)
+    assert wait_until(
+        lambda: (
+            service.status("serve", layout["run"]).get("healthy")
+            and service.status("serve", layout["run"])["main_pid"] != first
+        ),
+        timeout=20,
+    )
     now = service.status("serve", layout["run"])
     assert now["restarts"] == 1 and now["launcher_unchanged"]
     assert "restart 1 in 0.5 s" in layout["log"].read_text()
@@ -106,7 +119,11 @@ def test_stop_ends_every_process_without_waiting_out_the_grace_and_is_idempotent
     assert not pid_alive(supervisor) and not pid_alive(main)
     assert host_probe.port_free("127.0.0.1", layout["port"])
     assert not service.record_path(layout["run"], "serve").exists()
-    assert service.status("serve", layout["run"]) == {"name": "serve", "deployed": False, "running": False}
+    assert service.status("serve", layout["run"]) == {
+        "name": "serve",
+        "deployed": False,
+        "running": False,
+    }
     assert service.stop("serve", layout["run"])["stopped"] is False
 
 
@@ -121,21 +138,45 @@ def test_redeploy_replaces_the_running_server(layout):
     assert not pid_alive(first["supervisor_pid"]) and not pid_alive(first["main_pid"])
 
 
-def test_the_api_key_reaches_the_server_through_a_private_file_only(layout):
+def test_the_api_key_reaches_the_server_and_no_file(layout):
     os.environ["VLLM_API_KEY"] = "s3cret-key"
     try:
         done = deploy(layout, "--pass-env=VLLM_API_KEY")
     finally:
         del os.environ["VLLM_API_KEY"]
     assert done.returncode == 0, done.stderr
-    service.wait("serve", layout["run"], timeout=30)
+    up = service.wait("serve", layout["run"], timeout=30)
     assert get(layout["port"], "/env") == "s3cret-key"
-    env_file = service.env_file(layout["run"], "serve")
-    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-    for text in (done.stdout, service.record_path(layout["run"], "serve").read_text(), layout["log"].read_text()):
-        assert "s3cret-key" not in text
-    service.stop("serve", layout["run"])
-    assert not env_file.exists()
+    # specfleet's supervisor holds it in its environment (its user only), for every restart.
+    environ = Path(f"/proc/{up['supervisor_pid']}/environ").read_bytes()
+    assert b"VLLM_API_KEY=s3cret-key" in environ
+    written = [
+        p
+        for p in layout["run"].parent.rglob("*")
+        if p.is_file() and b"s3cret-key" in p.read_bytes()
+    ]
+    assert written == [] and "s3cret-key" not in done.stdout
+    # Not asked for (no --pass-env): the key in the deploying environment does not reach it.
+    os.environ["VLLM_API_KEY"] = "s3cret-key"
+    try:
+        unasked = deploy(layout)
+    finally:
+        del os.environ["VLLM_API_KEY"]
+    assert unasked.returncode == 0, unasked.stderr
+    other = service.wait("serve", layout["run"], timeout=30)
+    assert b"VLLM_API_KEY" not in Path(f"/proc/{other['supervisor_pid']}/environ").read_bytes()
+    assert get(layout["port"], "/env") == ""
+
+
+def test_systemd_reads_the_key_from_a_root_only_file_outside_the_work_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret-key")
+    secrets = service.env_file("serve", tmp_path / "etc")
+    assert service._write_env_file(secrets, ["VLLM_API_KEY"])
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o600
+    assert stat.S_IMODE(secrets.parent.stat().st_mode) == 0o700
+    assert secrets.read_text() == 'VLLM_API_KEY="s3cret-key"\n'
+    unit = service.render_unit("serve", Path("/srv/l.sh"), Path("/srv/l.log"), "d", 5, secrets)
+    assert f"EnvironmentFile={secrets}" in unit.splitlines() and "s3cret-key" not in unit
 
 
 def test_a_busy_port_is_refused_naming_it(layout):
@@ -156,7 +197,9 @@ def test_wait_fails_fast_with_the_log_tail_when_the_server_exits_while_starting(
     with pytest.raises(service.ServiceError) as raised:
         service.wait("serve", layout["run"], timeout=60)
     assert time.monotonic() - began < 20
-    assert "exited while starting" in str(raised.value) and "boom: no such model" in str(raised.value)
+    assert "exited while starting" in str(raised.value) and "boom: no such model" in str(
+        raised.value
+    )
 
 
 def test_a_changed_launcher_shows_in_the_status(layout):
@@ -168,7 +211,9 @@ def test_a_changed_launcher_shows_in_the_status(layout):
 
 def test_the_port_probe_knows_the_services_own_server(layout):
     layout["launcher"].write_text(
-        layout["launcher"].read_text().replace("exec python3", "export SPECFLEET_SERVICE=serve\nexec python3")
+        layout["launcher"]
+        .read_text()
+        .replace("exec python3", "export SPECFLEET_SERVICE=serve\nexec python3")
     )
     assert deploy(layout).returncode == 0
     service.wait("serve", layout["run"], timeout=30)
@@ -179,18 +224,27 @@ def test_the_port_probe_knows_the_services_own_server(layout):
 def test_systemd_is_refused_where_it_is_not_usable(monkeypatch):
     monkeypatch.setattr(service, "systemd_usable", lambda: False)
     assert service.choose_manager("auto") == "specfleet"
-    with pytest.raises(service.BadInput, match="--manager systemd: systemd is not the running init"):
+    with pytest.raises(
+        service.BadInput, match="--manager systemd: systemd is not the running init"
+    ):
         service.choose_manager("systemd")
     monkeypatch.setattr(service, "systemd_usable", lambda: True)
     assert service.choose_manager("auto") == "systemd"
 
 
 def test_the_unit_restarts_always_and_starts_at_boot():
-    text = service.render_unit("serve", Path("/srv/run/serve.service.sh"), Path("/srv/logs/serve.log"), "d", 5)
+    text = service.render_unit(
+        "serve", Path("/srv/run/serve.service.sh"), Path("/srv/logs/serve.log"), "d", 5
+    )
     lines = text.splitlines()
-    for line in ("ExecStart=/bin/bash /srv/run/serve.service.sh", "Restart=always", "RestartSec=5",
-                 "StartLimitIntervalSec=0", "StandardOutput=append:/srv/logs/serve.log",
-                 "WantedBy=multi-user.target"):
+    for line in (
+        "ExecStart=/bin/bash /srv/run/serve.service.sh",
+        "Restart=always",
+        "RestartSec=5",
+        "StartLimitIntervalSec=0",
+        "StandardOutput=append:/srv/logs/serve.log",
+        "WantedBy=multi-user.target",
+    ):
         assert line in lines, line
 
 

@@ -592,3 +592,27 @@ def test_publish_of_a_failed_checker_gives_its_own_words_and_writes_nothing(
     )
     assert f"artifact {gone} does not exist" in json.loads(capsys.readouterr().out)["output"]
     assert list(state.iterdir()) == []
+
+
+def test_a_checker_reporting_live_state_runs_every_time_and_its_live_part_is_passed_on(
+    tmp_path, monkeypatch
+) -> None:
+    """The serve checker of serve_mode service reports the deployed service (live_service: its
+    pid, its restarts). That is the present, not what the files hold: a restart since the stamp
+    is no disagreement, and the result is never kept, so a stopped service is always seen."""
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    argv, runs = counting_checker(tmp_path, {"rows": 10, "live_service": {"main_pid": 42}})
+    stamp, _top = kept_stamp(tmp_path, argv)
+    stamp["metrics"] = {"rows": 10, "live_service": {"main_pid": 7, "restarts": 0}}
+    path = tmp_path / "cache" / "checker-results.json"
+    for expected_runs in (1, 2):
+        results = stage_verify.CheckerResults(path)
+        checked = stage_verify.verify(stamp, results=results)
+        results.save()
+        assert checked["status"] == "ok", checked
+        assert checked["checker"] == "ran" and checked["metrics"] == ["rows"]
+        assert checked["live"] == {"live_service": {"main_pid": 42}}
+        assert runs_of(runs) == expected_runs
+    assert stage_verify.compare_metrics({"rows": 11, "live_x": 1}, {"rows": 10, "live_x": 2}) == [
+        "rows is 11 in the files, 10 in the stamp"
+    ]

@@ -80,6 +80,7 @@ LIVE_PREFIX = "live_"
 def live_part(fresh: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in fresh.items() if k.startswith(LIVE_PREFIX)}
 
+
 OK, DAMAGED, UNVERIFIED, MISSING = "ok", "damaged", "unverified", "missing"
 
 
@@ -351,7 +352,11 @@ def compare_metrics(fresh: dict[str, Any], recorded: dict[str, Any], where: str 
     differ = []
     for key, value in sorted(fresh.items()):
         name = f"{where}{key}"
-        if TIMING_KEY.search(key) or key not in recorded or (not where and key.startswith(LIVE_PREFIX)):
+        if (
+            TIMING_KEY.search(key)
+            or key not in recorded
+            or (not where and key.startswith(LIVE_PREFIX))
+        ):
             continue
         old = recorded[key]
         if isinstance(value, dict) and isinstance(old, dict):
@@ -426,7 +431,9 @@ def verify(
         if differ:
             raise VerifyError("metrics disagree with the files: " + "; ".join(differ))
         out["metrics"] = sorted(
-            k for k in fresh if k in metrics and not TIMING_KEY.search(k) and not k.startswith(LIVE_PREFIX)
+            k
+            for k in fresh
+            if k in metrics and not TIMING_KEY.search(k) and not k.startswith(LIVE_PREFIX)
         )
         live = live_part(fresh)
         if live:

@@ -17,8 +17,10 @@ Two supervisors, chosen per host (``--manager auto``):
 Either way the server's command is a launcher script the serve stage writes (ending in
 ``exec``), so both supervisors run exactly the same thing; what is deployed is identified by
 the launcher's sha256, kept in RUN_DIR/NAME.service.json with the supervisor's details.
-Secrets (``--pass-env VLLM_API_KEY``) go to RUN_DIR/NAME.service.env, mode 0600, which the
-launcher reads; never into the launcher, the unit or this record.
+Secrets (``--pass-env VLLM_API_KEY``) never go into the launcher, the unit, this record or
+anywhere under the work root: systemd reads them from /etc/specfleet/NAME.env (mode 0600, root
+only; ``EnvironmentFile=``), specfleet's supervisor holds them in its own environment (readable
+by its user only) and hands them to each restart.
 
 The service's processes are not the deploying stage's: the supervisor starts in a session of
 its own (or in systemd's cgroup), so the stage runner ending the stage's process group leaves
@@ -49,6 +51,8 @@ from specfleet_helpers.host.procs import proc_stat, read_json
 from specfleet_helpers.host.vllm_server import health_ok
 
 MANAGERS = ("auto", "systemd", "specfleet")
+# Secrets a server may be given (--pass-env); those not asked for never reach a service.
+SECRET_ENV = ("VLLM_API_KEY",)
 RECORD_SUFFIX = ".service.json"
 UNIT_DIR = Path("/etc/systemd/system")
 DEFAULT_RESTART_DELAY_S = 5.0
@@ -77,8 +81,12 @@ def main_record_path(run_dir: Path, name: str) -> Path:
     return Path(run_dir) / f"{name}.service.main.json"
 
 
-def env_file(run_dir: Path, name: str) -> Path:
-    return Path(run_dir) / f"{name}.service.env"
+SECRETS_DIR = Path("/etc/specfleet")
+
+
+def env_file(name: str, secrets_dir: Path = SECRETS_DIR) -> Path:
+    """Where systemd reads the service's secrets from (root only, outside the work root)."""
+    return Path(secrets_dir) / f"{name}.env"
 
 
 def unit_name(name: str) -> str:
@@ -94,7 +102,11 @@ def sha256_file(path: Path) -> Optional[str]:
 
 def systemd_usable() -> bool:
     """systemd is the running init (its runtime directory exists) and we may add units."""
-    return Path("/run/systemd/system").is_dir() and os.geteuid() == 0 and bool(shutil.which("systemctl"))
+    return (
+        Path("/run/systemd/system").is_dir()
+        and os.geteuid() == 0
+        and bool(shutil.which("systemctl"))
+    )
 
 
 def choose_manager(wanted: str) -> str:
@@ -113,11 +125,19 @@ def choose_manager(wanted: str) -> str:
 # --- systemd -------------------------------------------------------------------------------
 
 
-def render_unit(name: str, launcher: Path, log: Path, description: str, restart_delay_s: float) -> str:
+def render_unit(
+    name: str,
+    launcher: Path,
+    log: Path,
+    description: str,
+    restart_delay_s: float,
+    environment_file: Optional[Path] = None,
+) -> str:
     # KillMode=control-group (the default): stopping or restarting the unit ends every process
     # of the server, its engine processes included.
     return (
-        "# Written by specfleet (python -m specfleet_helpers.host.service); redeployed by the serve stage.\n"
+        "# Written by specfleet (python -m specfleet_helpers.host.service);\n"
+        "# redeployed by the serve stage.\n"
         "[Unit]\n"
         f"Description={description}\n"
         "After=network-online.target\n"
@@ -126,7 +146,8 @@ def render_unit(name: str, launcher: Path, log: Path, description: str, restart_
         "\n"
         "[Service]\n"
         "Type=simple\n"
-        f"ExecStart=/bin/bash {launcher}\n"
+        + (f"EnvironmentFile={environment_file}\n" if environment_file else "")
+        + f"ExecStart=/bin/bash {launcher}\n"
         "Restart=always\n"
         f"RestartSec={restart_delay_s:g}\n"
         f"TimeoutStopSec={STOP_GRACE_S:g}\n"
@@ -141,14 +162,29 @@ def render_unit(name: str, launcher: Path, log: Path, description: str, restart_
 def _systemctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(["systemctl", *args], capture_output=True, text=True, check=False)
     if check and proc.returncode != 0:
-        raise ServiceError(f"systemctl {' '.join(args)} failed: {(proc.stderr or proc.stdout).strip()}")
+        raise ServiceError(
+            f"systemctl {' '.join(args)} failed: {(proc.stderr or proc.stdout).strip()}"
+        )
     return proc
 
 
 def systemd_show(unit: str) -> dict[str, str]:
     out = _systemctl(
-        "show", unit, "-p", "ActiveState", "-p", "SubState", "-p", "MainPID", "-p", "NRestarts",
-        "-p", "LoadState", "-p", "UnitFileState", check=False,
+        "show",
+        unit,
+        "-p",
+        "ActiveState",
+        "-p",
+        "SubState",
+        "-p",
+        "MainPID",
+        "-p",
+        "NRestarts",
+        "-p",
+        "LoadState",
+        "-p",
+        "UnitFileState",
+        check=False,
     ).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
@@ -156,8 +192,8 @@ def systemd_show(unit: str) -> dict[str, str]:
 # --- the specfleet supervisor --------------------------------------------------------------
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
+def _child_env(drop: tuple[str, ...] = ()) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     # The service is nobody's stage server: no stage marker may reach it.
     env.pop(procs.OWNER_ENV, None)
     return env
@@ -227,7 +263,11 @@ def supervise(name: str, run_dir: Path, launcher: Path, log: Path, restart_delay
         # What the launcher left behind (engine processes of a server that crashed) goes with it.
         _end_group(child.pid, grace_s=5.0)
         restarts += 1
-        _log_line(log, f"the server exited with code {child.returncode}; restart {restarts} in {restart_delay_s:g} s")
+        _log_line(
+            log,
+            f"the server exited with code {child.returncode}; "
+            f"restart {restarts} in {restart_delay_s:g} s",
+        )
         deadline = time.monotonic() + restart_delay_s
         while not stopping and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -264,11 +304,29 @@ def _main_alive(main: dict[str, Any], state: dict[str, Any]) -> bool:
     return stat is not None and stat[0] not in ("Z", "X") and stat[2] == main.get("main_starttime")
 
 
-def _start_supervisor(name: str, run_dir: Path, launcher: Path, log: Path, restart_delay_s: float) -> dict[str, Any]:
+def _start_supervisor(
+    name: str,
+    run_dir: Path,
+    launcher: Path,
+    log: Path,
+    restart_delay_s: float,
+    drop: tuple[str, ...] = (),
+) -> dict[str, Any]:
     argv = [
-        sys.executable, "-m", "specfleet_helpers.host.service", "supervise",
-        "--name", name, "--run-dir", str(run_dir), "--launcher", str(launcher), "--log", str(log),
-        "--restart-delay-s", str(restart_delay_s),
+        sys.executable,
+        "-m",
+        "specfleet_helpers.host.service",
+        "supervise",
+        "--name",
+        name,
+        "--run-dir",
+        str(run_dir),
+        "--launcher",
+        str(launcher),
+        "--log",
+        str(log),
+        "--restart-delay-s",
+        str(restart_delay_s),
     ]
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -276,7 +334,7 @@ def _start_supervisor(name: str, run_dir: Path, launcher: Path, log: Path, resta
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=_child_env(),
+            env=_child_env(drop),
             start_new_session=True,
             close_fds=True,
         )
@@ -292,6 +350,7 @@ def _write_env_file(path: Path, names: list[str]) -> bool:
     if not values:
         path.unlink(missing_ok=True)
         return False
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
@@ -313,10 +372,15 @@ def deploy(
     pass_env: Optional[list[str]] = None,
     restart_delay_s: float = DEFAULT_RESTART_DELAY_S,
     unit_dir: Path = UNIT_DIR,
+    secrets_dir: Path = SECRETS_DIR,
 ) -> dict[str, Any]:
     """Stop what runs under the name, then start the launcher under the chosen supervisor and
     record it. Refuses a port that something else holds once the old server is stopped."""
-    run_dir, launcher, log = Path(run_dir).absolute(), Path(launcher).absolute(), Path(log).absolute()
+    run_dir, launcher, log = (
+        Path(run_dir).absolute(),
+        Path(launcher).absolute(),
+        Path(log).absolute(),
+    )
     if not launcher.is_file():
         raise BadInput(f"--launcher {launcher}: no such file")
     chosen = choose_manager(manager)
@@ -327,10 +391,10 @@ def deploy(
         owner = port_owner(port) or {}
         raise ServiceError(
             f"port {port} on {host} is in use by pid {owner.get('pid') or '?'} "
-            f"({owner.get('cmdline') or 'owner not visible'}), expected free for the '{name}' service; "
+            f"({owner.get('cmdline') or 'owner not visible'}), "
+            f"expected free for the '{name}' service; "
             "stop that process or choose another port"
         )
-    has_env = _write_env_file(env_file(run_dir, name), pass_env or [])
     state: dict[str, Any] = {
         "name": name,
         "manager": chosen,
@@ -339,7 +403,6 @@ def deploy(
         "log": str(log),
         "host": host,
         "port": port,
-        "env_file": str(env_file(run_dir, name)) if has_env else None,
         "deployed_at": time.time(),
         "boot_id": procs.boot_id(),
     }
@@ -347,7 +410,17 @@ def deploy(
     if chosen == "systemd":
         unit = unit_name(name)
         unit_path = Path(unit_dir) / unit
-        text = render_unit(name, launcher, log, description or f"specfleet {name}", restart_delay_s)
+        secrets = env_file(name, secrets_dir)
+        has_env = _write_env_file(secrets, pass_env or [])
+        state["environment_file"] = str(secrets) if has_env else None
+        text = render_unit(
+            name,
+            launcher,
+            log,
+            description or f"specfleet {name}",
+            restart_delay_s,
+            secrets if has_env else None,
+        )
         tmp = unit_path.with_name(unit_path.name + ".tmp")
         tmp.write_text(text)
         os.replace(tmp, unit_path)
@@ -355,11 +428,15 @@ def deploy(
         _systemctl("enable", unit)
         _systemctl("restart", unit)
         shown = systemd_show(unit)
-        state.update(unit=unit, unit_path=str(unit_path), restarts_at_deploy=int(shown.get("NRestarts") or 0))
+        state.update(
+            unit=unit, unit_path=str(unit_path), restarts_at_deploy=int(shown.get("NRestarts") or 0)
+        )
         write_json_atomic(record_path(run_dir, name), state)
     else:
         main_record_path(run_dir, name).unlink(missing_ok=True)
-        state.update(_start_supervisor(name, run_dir, launcher, log, restart_delay_s))
+        # Only the secrets asked for reach the supervisor's environment (which it hands on).
+        unasked = tuple(n for n in SECRET_ENV if n not in (pass_env or []))
+        state.update(_start_supervisor(name, run_dir, launcher, log, restart_delay_s, unasked))
         write_json_atomic(record_path(run_dir, name), state)
     return {**status(name, run_dir), "replaced": previous.get("stopped", False)}
 
@@ -377,7 +454,8 @@ def status(name: str, run_dir: Path) -> dict[str, Any]:
         "manager": state.get("manager"),
         "launcher": state.get("launcher"),
         "launcher_sha256": state.get("launcher_sha256"),
-        "launcher_unchanged": sha256_file(Path(state.get("launcher", ""))) == state.get("launcher_sha256"),
+        "launcher_unchanged": sha256_file(Path(state.get("launcher", "")))
+        == state.get("launcher_sha256"),
         "host": state.get("host"),
         "port": state.get("port"),
         "log": state.get("log"),
@@ -391,7 +469,9 @@ def status(name: str, run_dir: Path) -> dict[str, Any]:
             active_state=shown.get("ActiveState"),
             sub_state=shown.get("SubState"),
             enabled=shown.get("UnitFileState") == "enabled",
-            running=shown.get("ActiveState") == "active" and shown.get("SubState") == "running" and main_pid > 0,
+            running=shown.get("ActiveState") == "active"
+            and shown.get("SubState") == "running"
+            and main_pid > 0,
             main_pid=main_pid or None,
             restarts=max(restarts, 0),
         )
@@ -424,9 +504,11 @@ def wait(name: str, run_dir: Path, timeout: float, tail: int = TAIL_LINES) -> di
         now = status(name, run_dir)
         if now.get("healthy"):
             return {**now, "waited_s": round(time.monotonic() - began, 1)}
-        if now.get("restarts", 0) > first.get("restarts", 0) or (
-            now["manager"] == "specfleet" and not now.get("supervisor_pid")
-        ) or (now["manager"] == "systemd" and now.get("active_state") == "failed"):
+        if (
+            now.get("restarts", 0) > first.get("restarts", 0)
+            or (now["manager"] == "specfleet" and not now.get("supervisor_pid"))
+            or (now["manager"] == "systemd" and now.get("active_state") == "failed")
+        ):
             why = "the server exited while starting (its supervisor restarted it)"
             break
         if time.monotonic() - began > timeout:
@@ -440,7 +522,9 @@ def wait(name: str, run_dir: Path, timeout: float, tail: int = TAIL_LINES) -> di
     )
 
 
-def stop(name: str, run_dir: Path, remove: bool = True, unit_dir: Optional[Path] = None) -> dict[str, Any]:
+def stop(
+    name: str, run_dir: Path, remove: bool = True, unit_dir: Optional[Path] = None
+) -> dict[str, Any]:
     """Stop the server and its supervisor; with `remove`, also disable and delete the unit,
     the env file and the record. Idempotent."""
     run_dir = Path(run_dir)
@@ -455,7 +539,9 @@ def stop(name: str, run_dir: Path, remove: bool = True, unit_dir: Optional[Path]
             _systemctl("stop", unit, check=False)
             if remove:
                 _systemctl("disable", unit, check=False)
-                Path(state.get("unit_path") or Path(unit_dir or UNIT_DIR) / unit).unlink(missing_ok=True)
+                Path(state.get("unit_path") or Path(unit_dir or UNIT_DIR) / unit).unlink(
+                    missing_ok=True
+                )
                 _systemctl("daemon-reload", check=False)
     else:
         if _supervisor_alive(state):
@@ -473,7 +559,8 @@ def stop(name: str, run_dir: Path, remove: bool = True, unit_dir: Optional[Path]
             _end_group(int(main["main_pid"]), grace_s=STOP_GRACE_S)
         main_record_path(run_dir, name).unlink(missing_ok=True)
     if remove:
-        env_file(run_dir, name).unlink(missing_ok=True)
+        if state.get("environment_file"):
+            Path(state["environment_file"]).unlink(missing_ok=True)
         record_path(run_dir, name).unlink(missing_ok=True)
     return {"name": name, "stopped": stopped, "removed": remove, "manager": state.get("manager")}
 
@@ -491,29 +578,44 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--name", required=True, help="service name (unit specfleet-NAME.service)")
-        p.add_argument("--run-dir", type=Path, required=True, help="where NAME.service.json is kept")
+        p.add_argument(
+            "--run-dir", type=Path, required=True, help="where NAME.service.json is kept"
+        )
 
-    p = sub.add_parser("deploy", help="(re)start the launcher under its supervisor; prints its status")
+    p = sub.add_parser(
+        "deploy", help="(re)start the launcher under its supervisor; prints its status"
+    )
     common(p)
     p.add_argument("--launcher", type=Path, required=True, help="bash script that execs the server")
     p.add_argument("--log", type=Path, required=True, help="the server's log (appended)")
     p.add_argument("--manager", default="auto", choices=MANAGERS)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, help="the server's port: must be free once the old server stopped")
+    p.add_argument(
+        "--port", type=int, help="the server's port: must be free once the old server stopped"
+    )
     p.add_argument("--description", default="")
-    p.add_argument("--pass-env", action="append", default=[], metavar="VAR",
-                   help="environment variable for the server, kept in a 0600 file (e.g. VLLM_API_KEY)")
+    p.add_argument(
+        "--pass-env",
+        action="append",
+        default=[],
+        metavar="VAR",
+        help="environment variable for the server, kept in a 0600 file (e.g. VLLM_API_KEY)",
+    )
     p.add_argument("--restart-delay-s", type=float, default=DEFAULT_RESTART_DELAY_S)
     p.add_argument("--unit-dir", type=Path, default=UNIT_DIR, help=argparse.SUPPRESS)
 
     p = sub.add_parser("status", help="is it deployed, running, healthy; its pid and restarts")
     common(p)
 
-    p = sub.add_parser("wait", help="until /health answers; fail with the log tail if the server exits")
+    p = sub.add_parser(
+        "wait", help="until /health answers; fail with the log tail if the server exits"
+    )
     common(p)
     p.add_argument("--timeout", type=float, required=True)
 
-    p = sub.add_parser("stop", help="stop it and remove its unit or supervisor and record (idempotent)")
+    p = sub.add_parser(
+        "stop", help="stop it and remove its unit or supervisor and record (idempotent)"
+    )
     common(p)
     p.add_argument("--keep", action="store_true", help="stop only: keep the unit and the record")
 
@@ -532,8 +634,17 @@ def main(argv: Optional[list[str]] = None) -> int:
             return supervise(args.name, args.run_dir, args.launcher, args.log, args.restart_delay_s)
         if args.command == "deploy":
             result = deploy(
-                args.name, args.run_dir, args.launcher, args.log, args.manager, args.host, args.port,
-                args.description, args.pass_env, args.restart_delay_s, args.unit_dir,
+                args.name,
+                args.run_dir,
+                args.launcher,
+                args.log,
+                args.manager,
+                args.host,
+                args.port,
+                args.description,
+                args.pass_env,
+                args.restart_delay_s,
+                args.unit_dir,
             )
         elif args.command == "status":
             result = status(args.name, args.run_dir)

@@ -83,10 +83,21 @@ def combine(
 
 
 # What result.json keeps of the service deployed (service.status), and verify reports.
-SERVICE_KEYS = ("manager", "unit", "launcher", "launcher_sha256", "main_pid", "restarts", "host", "port")
+SERVICE_KEYS = (
+    "manager",
+    "unit",
+    "launcher",
+    "launcher_sha256",
+    "main_pid",
+    "restarts",
+    "host",
+    "port",
+)
 
 
-def service_problems(result: dict[str, Any], name: str, run_dir: Path, health_wait_s: float) -> tuple[list[str], dict[str, Any]]:
+def service_problems(
+    result: dict[str, Any], name: str, run_dir: Path, health_wait_s: float
+) -> tuple[list[str], dict[str, Any]]:
     """Whether the service this result checked still serves: deployed from the same launcher,
     unchanged, running, and answering /health (within `health_wait_s` when its server is
     running but still starting, e.g. just restarted by its supervisor)."""
@@ -98,16 +109,26 @@ def service_problems(result: dict[str, Any], name: str, run_dir: Path, health_wa
         return [f"the '{name}' service is not deployed (stopped or removed since)"], now
     if not checked:
         return ["this result was not checked against a service"], now
-    if now.get("launcher_sha256") != checked.get("launcher_sha256") or not now.get("launcher_unchanged"):
-        return [f"the deployed '{name}' service is not the one this result checked (its launcher changed)"], now
+    if now.get("launcher_sha256") != checked.get("launcher_sha256") or not now.get(
+        "launcher_unchanged"
+    ):
+        return [
+            f"the deployed '{name}' service is not the one this result checked "
+            "(its launcher changed)"
+        ], now
     deadline = time.monotonic() + health_wait_s
     while now.get("running") and not now.get("healthy") and time.monotonic() < deadline:
         time.sleep(1.0)
         now = service.status(name, run_dir)
     if not now.get("running"):
-        return [f"the '{name}' service is not running ({now.get('manager')}: {now.get('active_state') or 'server process gone'})"], now
+        return [
+            f"the '{name}' service is not running ({now.get('manager')}: "
+            f"{now.get('active_state') or 'server process gone'})"
+        ], now
     if not now.get("healthy"):
-        return [f"the '{name}' service runs but does not answer /health within {health_wait_s:g} s"], now
+        return [
+            f"the '{name}' service runs but does not answer /health within {health_wait_s:g} s"
+        ], now
     return [], now
 
 
@@ -239,7 +260,9 @@ def verify(
     }
     if serving:
         # live_: the service as it is now (stage_verify neither compares nor keeps it).
-        summary["live_service"] = {key: serving.get(key) for key in (*SERVICE_KEYS, "healthy", "enabled")}
+        summary["live_service"] = {
+            key: serving.get(key) for key in (*SERVICE_KEYS, "healthy", "enabled")
+        }
     if "lossless" in result:
         summary["lossless"] = result["lossless"]["equal"]
         summary["lossless_prompts"] = result["lossless"]["prompts"]
@@ -276,7 +299,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="fail unless a request without the API key was refused (HTTP 401)",
     )
     v.add_argument("--service-name", help="serve_mode service: the service that must still serve")
-    v.add_argument("--run-dir", type=Path, help="where the service's record is (with --service-name)")
+    v.add_argument(
+        "--run-dir", type=Path, help="where the service's record is (with --service-name)"
+    )
     v.add_argument(
         "--health-wait-s",
         type=float,
