@@ -166,13 +166,18 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
         script = scripts[stage]
         exported = lines(script, r"^export ASCEND_RT_VISIBLE_DEVICES=")
         unset = lines(script, r"^unset ASCEND_RT_VISIBLE_DEVICES$")
+        # serve_mode service (the npu default): the serve script's own environment, and the same
+        # in the launcher it writes for the service's supervisor.
+        times = 2 if stage == "serve" else 1
         if visible is None:
-            assert not exported and unset, (group, stage, exported)
-        else:
-            assert exported == [f"export ASCEND_RT_VISIBLE_DEVICES={visible}"] and not unset, (
+            assert not exported and unset == ["unset ASCEND_RT_VISIBLE_DEVICES"] * times, (
                 group,
                 stage,
+                exported,
             )
+        else:
+            expected = [f"export ASCEND_RT_VISIBLE_DEVICES={visible}"] * times
+            assert exported == expected and not unset, (group, stage)
         assert f"using {devices} device" in script, (group, stage)
     train = scripts["train"]
     torchrun = f'"$PY" -m torch.distributed.run --standalone --nproc_per_node={devices}'

@@ -13,6 +13,9 @@ skip decision) and turns the host red naming the stage, for each break a re-run 
      deleted (hidden_states).
 After A and D, one site.yml run redoes the damaged stages and only what depends on them, and
 validate.yml is green again.
+  E. data_source: file end to end;
+  F. serve_mode service: left serving, kept by a no-op run (same pid), back after a kill,
+     redeployed when train_epochs changes, stopped by playbooks/stop-serving.yml.
 
 One work root (module scope), primed by a complete run; reuses the CPU venv of `make run`
 (.work/local/venv) and runs the servers on 18400 (serve) / 18401 (hidden states). Marked slow
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from siteruns import HOST, Run, playbook_env, port_free
+from siteruns import HOST, Run, playbook_env, port_free, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -325,3 +328,96 @@ def test_e_data_from_a_jsonl_file_is_pushed_stamped_and_kept(primed: Pipeline, t
     assert again.rc == 0, again.tail()
     assert again.started_stages() == [], again.started_stages()
     assert primed.stamps()["data"]["run_id"] == data["run_id"]
+
+
+def service_state(root: Path) -> dict[str, Any]:
+    """The serve service as specfleet's own helper reports it (pid, restarts, health)."""
+    done = subprocess.run(
+        [
+            str(CPU_VENV / "bin" / "python"),
+            "-m",
+            "specfleet_helpers.host.service",
+            "status",
+            "--name=serve",
+            f"--run-dir={root / 'run'}",
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO / "python_helpers")},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def health(port: int) -> int:
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            return resp.status
+    except OSError:
+        return 0
+
+
+def test_f_service_left_serving_kept_by_a_no_op_back_after_a_kill_redeployed_on_change(
+    primed: Pipeline,
+):
+    """serve_mode service on the local profile (specfleet's own supervisor: no systemd here):
+    the endpoint answers after the run; a no-op run keeps the same server process; a killed
+    server is back within the restart delay and a server start; a changed train_epochs
+    retrains and redeploys; playbooks/stop-serving.yml stops it, and the next run deploys it
+    again without redoing anything else."""
+    service_vars = {"serve_mode": "service", "serve_service_restart_delay_s": 2}
+    try:
+        run = primed.play("f-service", **service_vars)
+        run.assert_green()
+        assert health(SERVE_PORT) == 200
+        first = service_state(primed.root)
+        assert first["manager"] == "specfleet" and first["running"] and first["restarts"] == 0
+        assert primed.stamps()["serve"]["inputs"]["mode"] == "service"
+
+        before = primed.stamps()
+        again = primed.play("f-service-no-op", **service_vars)
+        again.assert_green()
+        assert primed.redone(before) == set() and " changed=0 " in again.text
+        assert service_state(primed.root)["main_pid"] == first["main_pid"]
+
+        os.kill(first["main_pid"], 9)
+        back = wait_for(
+            "the killed server back on /health",
+            lambda: (
+                (s := service_state(primed.root))["healthy"]
+                and s["main_pid"] != first["main_pid"]
+                and s
+            ),
+            timeout_s=300,
+            every_s=2,
+        )
+        assert back["restarts"] == 1, back
+        # A restart by the supervisor is no reason to redeploy: the next run reports it as it is.
+        after_kill = primed.play("f-service-after-kill", **service_vars)
+        after_kill.assert_green()
+        assert primed.redone(before) == set()
+        assert service_state(primed.root)["main_pid"] == back["main_pid"]
+
+        retrain = primed.play("f-service-epochs", train_epochs=2, **service_vars)
+        retrain.assert_green()
+        assert primed.redone(before) == {"train", "serve"}
+        redeployed = service_state(primed.root)
+        assert redeployed["supervisor_pid"] != first["supervisor_pid"]
+        assert redeployed["healthy"] and redeployed["restarts"] == 0
+
+        stop = primed.play("f-stop-serving", playbook=REPO / "playbooks" / "stop-serving.yml")
+        assert stop.rc == 0, stop.tail()
+        assert health(SERVE_PORT) == 0 and port_free(SERVE_PORT)
+        assert service_state(primed.root)["deployed"] is False
+
+        before = primed.stamps()
+        back_again = primed.play("f-service-redeploy", train_epochs=2, **service_vars)
+        back_again.assert_green()
+        assert primed.redone(before) == {"serve"}
+        assert "the 'serve' service is not deployed" in back_again.text
+        assert health(SERVE_PORT) == 200
+    finally:
+        primed.play("f-stop-serving-end", playbook=REPO / "playbooks" / "stop-serving.yml")
