@@ -19,8 +19,13 @@ def test_changed_epochs_redid_exactly_train_and_serve(host, stamp):
     assert train["reason"].startswith("inputs changed: "), train["reason"]
     assert "epochs" in train["reason"], train["reason"]
     serve = stamp("serve")
-    assert serve["reason"] == "inputs changed: upstream", serve["reason"]
+    # Redone for the new train run: its run id is an input, and so is the draft's release for
+    # serving, named after it (with the script that names it); nothing else changed.
+    changed = set(serve["reason"].removeprefix("inputs changed: ").split(", "))
+    assert changed <= {"upstream", "speculative_config", "script_sha256"}, serve["reason"]
+    assert "upstream" in changed, serve["reason"]
     assert serve["inputs"]["upstream"]["train"] == train["run_id"]
+    assert serve["inputs"]["speculative_config"]["model"].endswith("/" + train["run_id"])
     if serve["inputs"]["lossless"] is not None:
         # Same verifier, vLLM and prompts: the plain verifier's greedy outputs were kept.
         result = json.loads(host.file(serve["artifacts"]["result"]).content_string)

@@ -12,10 +12,12 @@ the trained draft's weights deleted on a3-node1 and a serve API key set there. C
   of that group, and no other;
 - controller sources: models and wheels came from the controller;
 - each host is its own machine (hostname, filesystem);
-- serve_mode service (a2-node1, a3-node1): the endpoint is left serving, and the server
-  running is the very one the last serve run deployed and checked: a2-node1's was deployed by
-  the converge and kept through the no-op run and the side effect, a3-node1's redeployed by
-  the side effect (with the key, which reaches the server and no file of the work root).
+- serve_mode service (a2-node1, a3-node1): the endpoint is left serving what its last passing
+  serve run checked (same launcher, same draft release); a3-node1's redeployed by the broken
+  run (with the key, which reaches the server and no file of the work root);
+- a failed rollout (the side effect's last run: a new draft for both, one host per batch,
+  a2-node1's new endpoint broken): a2-node1 fails its checks and serves its previous draft
+  again, the rollout stops, a3-node1 is held with its previous draft and the report says why.
 Run by `molecule test -s fleet` (verify), with the hosts of the scenario's inventory.
 """
 
@@ -91,7 +93,15 @@ def api_key() -> str:
 
 
 def latest() -> dict[str, Any]:
-    return json.loads((REPORTS / "latest" / "fleet.json").read_text())
+    """The broken run's report (the side effect's first run: molecule/fleet/side_effect.yml)."""
+    return reports()[2]
+
+
+def rollout_report() -> dict[str, Any]:
+    """The side effect's last run: the failed rollout to a2-node1 and a3-node1."""
+    found = reports()
+    assert len(found) == 4, [r["_dir"] for r in found]
+    return found[3]
 
 
 def read_json(host, path: str) -> dict[str, Any]:
@@ -162,7 +172,7 @@ def test_broken_run_redid_exactly_what_changed_on_the_green_hosts():
 
 
 def test_broken_run_markdown_and_junit():
-    latest = REPORTS / "latest"
+    latest = Path(reports()[2]["_dir"])
     md = (latest / "fleet.md").read_text()
     assert "**NOT GREEN**" in md and BROKEN_HOST in md
     row = next(line for line in md.splitlines() if line.startswith(f"| {BROKEN_HOST} "))
@@ -287,13 +297,44 @@ def test_the_endpoint_left_serving_is_the_one_last_deployed_and_checked(host):
     assert record["manager"] == "specfleet"  # no systemd as init on these hosts
     running = read_json(host, f"{root}/run/serve.service.main.json")
     checked = read_json(host, serve["artifacts"]["result"])["service"]
-    # No redeploy and no restart since the serve run that checked it: on a2-node1 that run was
-    # the converge, so the no-op run and the side effect kept the same server process.
-    assert running["main_pid"] == checked["main_pid"] and running["restarts"] == 0, (
-        running,
-        checked,
-    )
+    # Whatever the rollout did, each host serves exactly what its last passing serve run checked:
+    # the same launcher, the same draft release, which is still there.
+    assert record["launcher_sha256"] == checked["launcher_sha256"], (record, checked)
+    assert host.file(record["launcher"]).sha256sum == checked["launcher_sha256"]
+    assert host.file(serve["inputs"]["speculative_config"]["model"]).is_directory
     cmdline = host.file(f"/proc/{running['main_pid']}/cmdline").content_string
-    assert "vllm.entrypoints.cli.main" in cmdline and "dflash" in cmdline, cmdline
-    redone = by_host(latest())[name]["stages"]["serve"]["detail"].startswith("ran: ")
-    assert redone == (name == DAMAGED_HOST)
+    assert serve["inputs"]["speculative_config"]["model"] in cmdline, cmdline
+    assert running["restarts"] == 0, running
+    if name == DAMAGED_HOST:
+        # Deployed by the broken run (a new draft and the key), held by the rollout: the same
+        # server process since that deploy checked it.
+        assert running["main_pid"] == checked["main_pid"], (running, checked)
+        assert "serve" in [s for s in STAGES if ran(by_host(latest())[name]["stages"][s])]
+    else:
+        # a2-node1: deployed by the converge, kept by the no-op run and the broken run, then
+        # redeployed with its previous launcher when the rollout's new endpoint failed.
+        log = host.file(f"{root}/logs/serve.log").content_string
+        assert "back to the draft served before" in log, log[-2000:]
+        assert "serving the previous draft again" in log, log[-2000:]
+
+
+def test_the_failed_rollout_stopped_after_its_first_batch():
+    report = rollout_report()
+    hosts = by_host(report)
+    assert set(hosts) == set(SERVICE_HOSTS)
+    assert not report["green"]
+    # a2-node1, the first batch: its new endpoint failed (the broken flag), named with its error.
+    first = hosts["a2-node1"]
+    assert first["failed_stage"] == "serve", first["stages"]["serve"]
+    assert "--specfleet-broken-on-purpose" in "\n".join(first["log_tail"]), first["log_tail"]
+    assert first["stages"]["train"]["detail"].startswith("ran: "), first["stages"]["train"]
+    # a3-node1, the next batch: retrained like the first, but its endpoint held.
+    held = hosts[DAMAGED_HOST]
+    assert held["stages"]["train"]["detail"].startswith("ran: "), held["stages"]["train"]
+    serve = held["stages"]["serve"]
+    assert serve["status"] == "skipped", serve
+    assert serve["detail"].startswith("held: rollout stopped after a2-node1 failed its checks"), (
+        serve
+    )
+    assert "still serving its previous draft" in serve["detail"], serve
+    assert "serve held" in held["not_green_reason"], held["not_green_reason"]

@@ -415,6 +415,26 @@ def test_check_mode_would_run(tmp_path, capsys):
     assert "**NOT GREEN**: check mode, 1 of 3 hosts incomplete (a3-node1: train would run)" in md
 
 
+def test_a_host_held_by_a_stopped_rollout(tmp_path, capsys):
+    doc = green_fleet()
+    for h in doc["hosts"].values():
+        h["run"] = {s: {"status": "up_to_date", "reason": None, "duration_s": None} for s in STAGES}
+    reason = (
+        "rollout stopped after a2-node1 failed its checks (the server exited while starting);"
+        " still serving its previous draft"
+    )
+    held = {"status": "held", "reason": reason, "duration_s": None}
+    doc["hosts"]["a3-node1"]["run"]["serve"] = held
+    rc, line, out, _ = run(tmp_path, doc, capsys=capsys)
+    assert rc == 0 and line["green"] is False
+    assert line["not_green_hosts"] == {"a3-node1": "serve held"}
+    report = fleet_json(out)
+    a3 = next(h for h in report["hosts"] if h["name"] == "a3-node1")
+    assert a3["stages"]["serve"]["status"] == "skipped"
+    assert a3["stages"]["serve"]["detail"] == "held: " + reason
+    assert "held: rollout stopped after a2-node1" in (out / "fleet.md").read_text()
+
+
 def test_standalone_validate_from_disk_state(tmp_path):
     """No run entries: the statuses come from the stamps and failure records on disk."""
     h = host("ascend-950", run={})

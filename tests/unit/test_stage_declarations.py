@@ -32,17 +32,18 @@ def declarations() -> dict[str, dict[str, Any]]:
 def role_order() -> list[str]:
     """The stage roles in the order the plays run them: a play's `roles:`, then the roles its
     `tasks:` import whole (an import of one task file, like hidden_states' early start, is
-    not where the stage runs)."""
+    not where the stage runs). A role a later play imports again (serve's rollout play) counts
+    where it first runs."""
     order = []
     for playbook in PLAYBOOKS:
         for play in yaml.safe_load(playbook.read_text()):
             for role in play.get("roles", []):
                 name = role["role"] if isinstance(role, dict) else role
-                if name != "specfleet":
+                if name != "specfleet" and name not in order:
                     order.append(name)
             for task in play.get("tasks", []):
                 imported = task.get("ansible.builtin.import_role")
-                if imported and "tasks_from" not in imported:
+                if imported and "tasks_from" not in imported and imported["name"] not in order:
                     order.append(imported["name"])
     return order
 

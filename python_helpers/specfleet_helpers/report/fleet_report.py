@@ -313,6 +313,9 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
                 rec.update(status=PASSED, detail="up to date")
             elif status == "would_run":
                 rec.update(status=SKIPPED, detail=f"would run: {reason}" if reason else "would run")
+            elif status == "held":
+                # A rollout stopped before this host's batch (playbooks/serve.yml).
+                rec.update(status=SKIPPED, detail=f"held: {reason}" if reason else "held")
             else:
                 error = entry.get("error")
                 rec.update(status=FAILED, detail=_first_line(error) or "failed", error=error)
@@ -570,7 +573,9 @@ def not_green_reason(entry: dict[str, Any]) -> str:
             parts.append(f"{stage} damaged")
         for stage, rec in entry["stages"].items():
             if rec["status"] != PASSED and not damaged:
-                word = "would run" if rec["detail"].startswith("would run") else rec["status"]
+                word = next(
+                    (w for w in ("would run", "held") if rec["detail"].startswith(w)), rec["status"]
+                )
                 parts.append(f"{stage} {word}")
                 break
     failed_tests = entry["artifact_tests"].get("failed") or 0

@@ -31,6 +31,20 @@ check() { "$PY" -m specfleet_helpers.checks.serve_check "$@" --url "$URL"; }
 rm -rf "$WORK.tmp"
 mkdir -p "$WORK.tmp"
 
+# The trained draft is served from a release of its own, named after the train run: train
+# replaces train/draft when it runs again, and a server started before (a host a rollout has
+# not reached yet, restarted by its supervisor) must go on loading the draft it was checked
+# with. Hard links (train publishes a new directory, never rewrites files), else a copy.
+DRAFT=/var/lib/specfleet/drafts/pending
+if [ ! -d "$DRAFT" ]; then
+  echo "==> release the trained draft for serving: $DRAFT"
+  mkdir -p "$(dirname "$DRAFT")"
+  rm -rf "$DRAFT.tmp"
+  cp -al /var/lib/specfleet/train/draft "$DRAFT.tmp" 2>/dev/null \
+    || { rm -rf "$DRAFT.tmp"; cp -a /var/lib/specfleet/train/draft "$DRAFT.tmp"; }
+  mv "$DRAFT.tmp" "$DRAFT"
+fi
+
 # The verifier's server arguments, the same for both servers: the kept plain-verifier outputs
 # are keyed by them (below), so they are written once.
 VERIFIER_ARGS=(
@@ -42,7 +56,7 @@ VERIFIER_ARGS=(
   --enforce-eager
 )
 
-SPECULATIVE_CONFIG='{"method": "dflash", "model": "/var/lib/specfleet/train/draft", "num_speculative_tokens": 5}'
+SPECULATIVE_CONFIG='{"method": "dflash", "model": "/var/lib/specfleet/drafts/pending", "num_speculative_tokens": 5}'
 
 # start_vllm LOG PORT [EXTRA ARGS...]: vllm serve the verifier on PORT, wait for /health
 start_vllm() {
@@ -61,6 +75,13 @@ service() {  # service deploy|wait|status|stop [ARGS...]
 
 # What the supervisor runs: the DFlash server, exactly as configured above, and nothing else.
 LAUNCHER="$RUN/serve.service.sh"
+# The launcher of the endpoint serving now, kept until the new one passed its checks: a deploy
+# that fails them goes back to it.
+PREVIOUS="$RUN/serve.service.previous.sh"
+rm -f "$PREVIOUS"
+if [ -f "$LAUNCHER" ] && service status | grep -q '"healthy": true'; then
+  cp "$LAUNCHER" "$PREVIOUS"
+fi
 {
   echo '#!/usr/bin/env bash'
   echo '# specfleet: the DFlash endpoint (serve_mode service), run by its supervisor. Written by'
@@ -84,13 +105,26 @@ ENV
 mv "$LAUNCHER.tmp" "$LAUNCHER"
 
 echo "==> deploy the DFlash endpoint (5 speculative tokens) on $URL as a service (manager auto)"
-# A draft that fails a check below is not left serving.
-trap 'status=$?; if [ $status -ne 0 ]; then echo "==> the checks failed: stopping the service"; service stop >/dev/null || true; fi' EXIT
-service deploy --launcher "$LAUNCHER" --log /var/lib/specfleet/logs/serve.service.log \
-  --manager auto --host "$HOST" --port "$PORT" \
-  --restart-delay-s 5 \
-  --description 'specfleet: vLLM serving Qwen/Qwen3-8B with its DFlash draft'
-service wait --timeout 900
+deploy() {  # deploy LAUNCHER
+  service deploy --launcher "$1" --log /var/lib/specfleet/logs/serve.service.log \
+    --manager auto --host "$HOST" --port "$PORT" \
+    --restart-delay-s 5 \
+    --description 'specfleet: vLLM serving Qwen/Qwen3-8B with its DFlash draft'
+  service wait --timeout 900
+}
+# A draft that fails a check below is not left serving: the endpoint goes back to what it
+# served before (its launcher and draft release are still there), else it is stopped.
+rollback() {
+  if [ -f "$PREVIOUS" ]; then
+    echo "==> the checks failed: back to the draft served before"
+    mv "$PREVIOUS" "$LAUNCHER"
+    deploy "$LAUNCHER" >/dev/null && echo "==> serving the previous draft again" && return
+  fi
+  echo "==> the checks failed: stopping the service"
+  service stop >/dev/null || true
+}
+trap 'status=$?; if [ $status -ne 0 ]; then rollback; fi' EXIT
+deploy "$LAUNCHER"
 echo "==> chat completion: Hello (max_tokens 8)"
 check chat --model Qwen/Qwen3-8B --prompt Hello \
   --max-tokens 8 > "$WORK.tmp/chat.json"
@@ -105,4 +139,7 @@ service status > "$WORK.tmp/service.json"
   --out "$WORK.tmp/result.json" >/dev/null
 rm -rf "$WORK"
 mv "$WORK.tmp" "$WORK"
+rm -f "$PREVIOUS"
+# Older releases are served no more.
+find "$(dirname "$DRAFT")" -mindepth 1 -maxdepth 1 ! -path "$DRAFT" -exec rm -rf {} +
 echo "==> done: $(cat /var/lib/specfleet/serve/result.json | tr -d '\n' | cut -c1-300)"
