@@ -43,6 +43,8 @@ BROKEN_HOST, BROKEN_STAGE = "a950-node1", "train"
 DAMAGED_HOST = "a3-node1"
 # serve_mode service there (molecule/fleet/host_vars); a950-node1 keeps smoke.
 SERVICE_HOSTS = ("a2-node1", "a3-node1")
+# The first batch of the side effect's failed rollout: its new endpoint broken on purpose.
+ROLLOUT_FAILED_HOST = "a2-node1"
 STAGES = [
     "npu_env",
     "speculators_install",
@@ -226,6 +228,11 @@ def test_group_settings_landed_on_this_host(host):
     assert settings["npu_devices_per_host"] == expected["specfleet_npu_devices_per_host"]
     assert settings["npu_hbm_mb_per_device"] == expected["specfleet_npu_hbm_mb_per_device"]
     assert settings["image_tag_suffix"] == expected["specfleet_image_tag_suffix"]
+    if host.backend.get_hostname() == ROLLOUT_FAILED_HOST:
+        # Its serve stamp went with the failed rollout; the endpoint it went back to says it.
+        config = served_config(host, root)
+        assert config["num_speculative_tokens"] == expected["specfleet_num_speculative_tokens"]
+        return
     serve = read_json(host, f"{root}/state/serve.json")["inputs"]
     assert serve["gpu_memory_utilization"] == expected["specfleet_serve_gpu_memory_utilization"]
     assert (
@@ -250,8 +257,9 @@ def test_models_and_wheels_came_from_the_controller(host):
 def test_stage_stamp_present(host, stage):
     name = host.backend.get_hostname()
     root = root_of(host)
-    if (name, stage) == (BROKEN_HOST, BROKEN_STAGE):
-        # withdrawn when the broken run started the stage; the failure record says why
+    if (name, stage) in ((BROKEN_HOST, BROKEN_STAGE), (ROLLOUT_FAILED_HOST, "serve")):
+        # withdrawn when the broken run (or the failed rollout) started the stage; the failure
+        # record says why
         assert not host.file(f"{root}/state/{stage}.json").exists
         failure = read_json(host, f"{root}/state/{stage}.failed.json")
         assert failure["stage"] == stage and failure["host"] == name
@@ -265,6 +273,10 @@ def test_stage_stamp_present(host, stage):
 def test_serve_refused_requests_without_the_key(host):
     name = host.backend.get_hostname()
     root = root_of(host)
+    if name == ROLLOUT_FAILED_HOST:
+        # its stamp went with the failed rollout; the result it still serves had no key
+        assert "auth" not in read_json(host, f"{root}/serve/result.json")
+        return
     serve = read_json(host, f"{root}/state/serve.json")
     if name != DAMAGED_HOST:
         # no key was set there: serve kept its unkeyed stamp
@@ -284,38 +296,48 @@ def test_api_key_is_in_no_file_of_the_work_root(host):
     assert found.rc == 1 and found.stdout == "", f"key found: {found.stdout}{found.stderr}"
 
 
+def served_config(host, root: str) -> dict[str, Any]:
+    """The speculative config of the server the service runs now, from its command line."""
+    running = read_json(host, f"{root}/run/serve.service.main.json")
+    cmdline = host.file(f"/proc/{running['main_pid']}/cmdline").content_string.split("\0")
+    return json.loads(cmdline[cmdline.index("--speculative-config") + 1])
+
+
 def test_the_endpoint_left_serving_is_the_one_last_deployed_and_checked(host):
     name = host.backend.get_hostname()
     root = root_of(host)
-    serve = read_json(host, f"{root}/state/serve.json")
     if name not in SERVICE_HOSTS:
+        serve = read_json(host, f"{root}/state/serve.json")
         assert serve["inputs"]["mode"] == "smoke"
         assert not host.file(f"{root}/run/serve.service.json").exists
         return
-    assert serve["inputs"]["mode"] == "service"
     record = read_json(host, f"{root}/run/serve.service.json")
     assert record["manager"] == "specfleet"  # no systemd as init on these hosts
     running = read_json(host, f"{root}/run/serve.service.main.json")
-    checked = read_json(host, serve["artifacts"]["result"])["service"]
-    # Whatever the rollout did, each host serves exactly what its last passing serve run checked:
-    # the same launcher, the same draft release, which is still there.
+    # The result of the host's last passing serve run (a failed one leaves it in place).
+    checked = read_json(host, f"{root}/serve/result.json")["service"]
+    # Whatever the rollout did, each host serves exactly what that run checked: the same
+    # launcher, the same draft release, which is still there.
     assert record["launcher_sha256"] == checked["launcher_sha256"], (record, checked)
     assert host.file(record["launcher"]).sha256sum == checked["launcher_sha256"]
-    assert host.file(serve["inputs"]["speculative_config"]["model"]).is_directory
-    cmdline = host.file(f"/proc/{running['main_pid']}/cmdline").content_string
-    assert serve["inputs"]["speculative_config"]["model"] in cmdline, cmdline
+    config = served_config(host, root)
+    assert config["method"] == "dflash" and config["model"].startswith(f"{root}/drafts/"), config
+    assert host.file(config["model"]).is_directory, config
     assert running["restarts"] == 0, running
-    if name == DAMAGED_HOST:
-        # Deployed by the broken run (a new draft and the key), held by the rollout: the same
-        # server process since that deploy checked it.
-        assert running["main_pid"] == checked["main_pid"], (running, checked)
-        assert "serve" in [s for s in STAGES if ran(by_host(latest())[name]["stages"][s])]
-    else:
-        # a2-node1: deployed by the converge, kept by the no-op run and the broken run, then
-        # redeployed with its previous launcher when the rollout's new endpoint failed.
+    if name == ROLLOUT_FAILED_HOST:
+        # Deployed by the converge, kept by the no-op run and the broken run, then redeployed
+        # with its previous launcher when the rollout's new endpoint failed its checks.
         log = host.file(f"{root}/logs/serve.log").content_string
         assert "back to the draft served before" in log, log[-2000:]
         assert "serving the previous draft again" in log, log[-2000:]
+    else:
+        # Deployed by the broken run (a new draft and the key), held by the rollout: the same
+        # server process since that deploy checked it.
+        assert running["main_pid"] == checked["main_pid"], (running, checked)
+        serve = read_json(host, f"{root}/state/serve.json")
+        assert serve["inputs"]["mode"] == "service"
+        assert serve["inputs"]["speculative_config"]["model"] == config["model"]
+        assert ran(by_host(latest())[name]["stages"]["serve"])
 
 
 def test_the_failed_rollout_stopped_after_its_first_batch():
