@@ -61,6 +61,8 @@ def reports() -> list[dict[str, Any]]:
     """Every fleet report of the scenario, oldest first."""
     found = []
     for path in sorted(REPORTS.glob("*/fleet.json")):
+        if path.parent.is_symlink():
+            continue  # latest -> the newest of them
         found.append(json.loads(path.read_text()) | {"_dir": str(path.parent)})
     assert found, f"no fleet report under {REPORTS}"
     return found
