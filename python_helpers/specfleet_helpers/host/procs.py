@@ -60,6 +60,12 @@ def process_alive(pid: int) -> bool:
     return stat is not None and stat[0] not in ("Z", "X")
 
 
+def same_process(pid: int, starttime: Optional[int]) -> bool:
+    """`pid` still runs and is the process that had `starttime` (not a reuse of its pid)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X") and stat[2] == starttime
+
+
 def group_members(pgid: int) -> list[int]:
     """Pids of the live (non-zombie) processes of a process group."""
     members = []
@@ -123,16 +129,21 @@ def signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def kill_group(pgid: int, grace_s: float = DEFAULT_GRACE_S) -> bool:
-    """SIGTERM the group, SIGKILL what is left after grace_s. True if anything was signalled."""
+def kill_group(pgid: int, grace_s: float = DEFAULT_GRACE_S, leader_only: bool = False) -> bool:
+    """SIGTERM the group, SIGKILL what is left after grace_s. True if anything was signalled.
+    With `leader_only`, the grace waits for the group's leader (pid == pgid) alone: what it
+    leaves behind, such as multiprocessing's resource tracker (which ignores SIGTERM), is
+    killed as soon as it has exited."""
     if not group_alive(pgid):
         return False
     signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if not group_alive(pgid):
-            return True
+        if not (process_alive(pgid) if leader_only else group_alive(pgid)):
+            break
         time.sleep(0.2)
+    if not group_alive(pgid):
+        return True
     signal_group(pgid, signal.SIGKILL)
     deadline = time.monotonic() + KILL_WAIT_S
     while group_alive(pgid) and time.monotonic() < deadline:

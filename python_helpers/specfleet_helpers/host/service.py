@@ -204,22 +204,6 @@ def _log_line(log: Path, text: str) -> None:
         out.write(f"==> specfleet supervisor {time.strftime('%Y-%m-%d %H:%M:%S')}: {text}\n")
 
 
-def _end_group(pgid: int, grace_s: float) -> None:
-    """SIGTERM the process group (its leader is the server's main process, pid == pgid), give
-    the leader `grace_s` to exit, then SIGKILL what is left: helpers such as multiprocessing's
-    resource tracker ignore SIGTERM and would otherwise hold the stop for the whole grace."""
-    if not procs.group_alive(pgid):
-        return
-    procs.signal_group(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and procs.process_alive(pgid):
-        time.sleep(0.2)
-    procs.signal_group(pgid, signal.SIGKILL)
-    deadline = time.monotonic() + procs.KILL_WAIT_S
-    while procs.group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
 def supervise(name: str, run_dir: Path, launcher: Path, log: Path, restart_delay_s: float) -> int:
     """Run the launcher, and again whenever it exits, until SIGTERM. The server runs in a
     session (so a process group) of its own, ended whole on restart and on stop."""
@@ -261,7 +245,7 @@ def supervise(name: str, run_dir: Path, launcher: Path, log: Path, restart_delay
         if stopping:
             break
         # What the launcher left behind (engine processes of a server that crashed) goes with it.
-        _end_group(child.pid, grace_s=5.0)
+        procs.kill_group(child.pid, grace_s=5.0, leader_only=True)
         restarts += 1
         _log_line(
             log,
@@ -272,21 +256,17 @@ def supervise(name: str, run_dir: Path, launcher: Path, log: Path, restart_delay
         while not stopping and time.monotonic() < deadline:
             time.sleep(0.2)
     if child is not None:
-        _end_group(child.pid, grace_s=STOP_GRACE_S)
+        procs.kill_group(child.pid, grace_s=STOP_GRACE_S, leader_only=True)
     _log_line(log, "stopped")
     return 0
 
 
 def _supervisor_alive(state: dict[str, Any]) -> bool:
     pid = state.get("supervisor_pid")
-    if not pid:
-        return False
-    stat = proc_stat(int(pid))
     return (
-        stat is not None
-        and stat[0] not in ("Z", "X")
+        bool(pid)
         and state.get("boot_id") == procs.boot_id()
-        and stat[2] == state.get("supervisor_starttime")
+        and procs.same_process(int(pid), state.get("supervisor_starttime"))
     )
 
 
@@ -298,10 +278,11 @@ def _main_state(run_dir: Path, name: str, state: dict[str, Any]) -> dict[str, An
 
 def _main_alive(main: dict[str, Any], state: dict[str, Any]) -> bool:
     pid = main.get("main_pid")
-    if not pid or state.get("boot_id") != procs.boot_id():
-        return False
-    stat = proc_stat(int(pid))
-    return stat is not None and stat[0] not in ("Z", "X") and stat[2] == main.get("main_starttime")
+    return (
+        bool(pid)
+        and state.get("boot_id") == procs.boot_id()
+        and procs.same_process(int(pid), main.get("main_starttime"))
+    )
 
 
 def _start_supervisor(
@@ -556,7 +537,7 @@ def stop(
         main = _main_state(run_dir, name, state)
         if _main_alive(main, state):
             stopped = True
-            _end_group(int(main["main_pid"]), grace_s=STOP_GRACE_S)
+            procs.kill_group(int(main["main_pid"]), grace_s=STOP_GRACE_S, leader_only=True)
         main_record_path(run_dir, name).unlink(missing_ok=True)
     if remove:
         if state.get("environment_file"):

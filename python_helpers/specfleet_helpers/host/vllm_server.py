@@ -363,15 +363,9 @@ def _leader_alive(state: dict[str, Any]) -> bool:
     return _is_ours(state) and procs.process_alive(int(state["pid"]))
 
 
-def _same_process(pid: int, starttime: int) -> bool:
-    """`pid` still runs and is the process that had `starttime` (not a reuse of its pid)."""
-    stat = proc_stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X") and stat[2] == starttime
-
-
 def _stop_client(pid: int, starttime: int, grace_s: float) -> bool:
     """SIGTERM one process, SIGKILL it after `grace_s`. True if it had to be signalled."""
-    if not _same_process(pid, starttime):
+    if not procs.same_process(pid, starttime):
         return False
     for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         try:
@@ -379,9 +373,9 @@ def _stop_client(pid: int, starttime: int, grace_s: float) -> bool:
         except ProcessLookupError:
             return True
         deadline = time.monotonic() + wait_s
-        while _same_process(pid, starttime) and time.monotonic() < deadline:
+        while procs.same_process(pid, starttime) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if not _same_process(pid, starttime):
+        if not procs.same_process(pid, starttime):
             break
     return True
 
@@ -419,7 +413,7 @@ def watch(
     try:
         while True:
             elapsed = time.monotonic() - began
-            client_done = not _same_process(client_pid, client_start)
+            client_done = not procs.same_process(client_pid, client_start)
             if not _leader_alive(state):
                 problem = (
                     f"server '{name}' (pid {state['pid']}) died while pid {client_pid} used it, "
