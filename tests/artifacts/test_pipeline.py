@@ -99,6 +99,30 @@ def test_serve_result(host, stamp):
         assert result["lossless"]["equal"], result["lossless"]
 
 
+def test_the_trained_draft_is_accepted(host, stamp):
+    """Training on the verifier's own answers (data_source regenerate) makes a draft the verifier
+    accepts, measured on benchmark prompts training never saw: a broken trainer, or data that no
+    longer is the verifier's, drops it back to about zero."""
+    serve, data = stamp("serve"), stamp("data")
+    if serve["inputs"].get("bench") is None:
+        pytest.skip("serve_bench is off: no benchmark measured")
+    result = json.loads(host.file(serve["artifacts"]["result"]).content_string)
+    bench = result["bench"]
+    prompts = serve["inputs"]["bench"]["prompts"]
+    assert bench["dflash"]["completed"] == bench["plain"]["completed"] == prompts, bench
+    assert bench["speedup_output_throughput"] > 0 and bench["speedup_tpot"] > 0, bench
+    positions = bench["per_position_acceptance"]
+    assert len(positions) == serve["inputs"]["speculative_config"]["num_speculative_tokens"], (
+        positions
+    )
+    if data["inputs"]["source"] != "regenerate":
+        pytest.skip(
+            f"data_source {data['inputs']['source']}: not trained on the verifier's answers"
+        )
+    assert bench["acceptance_rate"] >= 0.3, bench
+    assert positions[0] >= bench["acceptance_rate"] * 0.9, positions  # the first is the easiest
+
+
 def test_the_service_serves_the_checked_draft(host, stamp, root):
     """serve_mode service: the endpoint the serve stage checked is still the one deployed, its
     supervisor keeps it running, and it answers /health."""
@@ -128,7 +152,7 @@ def test_the_service_serves_the_checked_draft(host, stamp, root):
 
 
 def test_no_server_left_running(host, root):
-    for name in ("hidden_states", "serve"):
+    for name in ("data", "hidden_states", "serve"):
         record = host.file(f"{root}/run/{name}.server.json")
         assert not record.exists, (
             f"{name} server still recorded as running: {record.content_string}"

@@ -212,6 +212,7 @@ class MockNpuHost:
         self.ports = {
             "specfleet_hidden_states_port": free_port(),
             "specfleet_serve_port": free_port(),
+            "specfleet_data_port": free_port(),
         }
 
     @property

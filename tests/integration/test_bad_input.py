@@ -315,9 +315,25 @@ CASES = (
     # A setting with no effect in the chosen mode (today ignored: the run goes green without it).
     Case(
         "data-input-file-without-the-file-source",
-        (f"data_input_file={MALFORMED_DATA}",),
+        ("data_source=smoke", f"data_input_file={MALFORMED_DATA}"),
         "data",
         ("data_input_file is", 'data_source is "smoke"', "expected data_source: file"),
+    ),
+    Case(
+        "regenerate-prompts-file-malformed",
+        ("data_source=regenerate", f"data_input_file={MALFORMED_DATA}"),
+        "data",
+        (
+            "has a bad row",
+            "malformed-row.jsonl:3: not JSON",
+            "Expected one JSON object of prompts per line",
+        ),
+    ),
+    Case(
+        "regenerate-more-prompts-than-synthesized",
+        ("data_source=regenerate", "data_regenerate_rows=2000"),
+        "data",
+        ("data_regenerate_rows is 2000", "expected at most 960", "give data_input_file"),
     ),
     Case(
         "git-ref-without-the-git-source",
@@ -453,6 +469,7 @@ def good_run(tmp: Path) -> Run:
     extravars = (
         f"specfleet_hidden_states_port={free_port()}",
         f"specfleet_serve_port={free_port()}",
+        f"specfleet_data_port={free_port()}",
         as_json(
             {
                 **LOW_HOST_FLOORS,

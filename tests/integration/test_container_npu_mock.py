@@ -260,6 +260,7 @@ class Fleet:
             **LOW_HOST_FLOORS,
             "specfleet_hidden_states_port": host.ports[0],
             "specfleet_serve_port": host.ports[1],
+            "specfleet_data_port": host.ports[2],
         }
 
     def inventory(self) -> Path:
@@ -372,7 +373,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, speculators_git_repo: Path) 
         host.tmp = tmp / host.name
         host.tmp.mkdir()
         host.token = token
-        host.ports = [free_port(), free_port()]
+        host.ports = [free_port(), free_port(), free_port()]
         run([engine_cli(host.engine), "tag", host.shared_image, host.image])
     fleet = Fleet(tmp, hosts, speculators_git_repo)
     yield fleet

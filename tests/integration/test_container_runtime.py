@@ -100,6 +100,7 @@ class ContainerHost:
             **LOW_HOST_FLOORS,
             "specfleet_hidden_states_port": 18701,
             "specfleet_serve_port": 18702,
+            "specfleet_data_port": 18703,
             **extra,
         }
 

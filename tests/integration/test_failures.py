@@ -71,6 +71,7 @@ ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 CPU_VENV = REPO / ".work" / "local" / "venv"
 SERVE_PORT = 18200
 HIDDEN_STATES_PORT = 18201
+DATA_PORT = 18202
 # Stages that leave a stamp with a run id (npu_env records the host in npu_env.json).
 STAGES = (
     "speculators_install",
@@ -161,6 +162,7 @@ class Pipeline:
             "specfleet_root": str(root or self.root),
             "specfleet_venv": str(CPU_VENV),
             "specfleet_hidden_states_port": HIDDEN_STATES_PORT,
+            "specfleet_data_port": DATA_PORT,
             "specfleet_serve_port": SERVE_PORT,
             # Faster polls of the running stages than the roles' 5-10 s (no fingerprint input).
             "stage_poll_delay_s": 2,

@@ -57,6 +57,7 @@ CPU_VENV = REPO / ".work" / "local" / "venv"
 HELPERS = REPO / "python_helpers"
 SERVE_PORT = 18100
 HIDDEN_STATES_PORT = 18101
+DATA_PORT = 18102
 ROOT_NAME = "spec fleet root"
 STAGES = ("speculators_install", "models", "convert", "data", "hidden_states", "train", "serve")
 AFTER = {"hidden_states": {"hidden_states", "train", "serve"}, "train": {"train", "serve"}}
@@ -186,6 +187,7 @@ class Pipeline:
                     "specfleet_root": str(self.root),
                     "specfleet_venv": str(CPU_VENV),
                     "specfleet_hidden_states_port": HIDDEN_STATES_PORT,
+                    "specfleet_data_port": DATA_PORT,
                     "specfleet_serve_port": SERVE_PORT,
                     "specfleet_reports_dir": str(reports),
                     **extravars,

@@ -248,6 +248,7 @@ class ModelsHost:
             "specfleet_venv": str(self.venv),
             "specfleet_hidden_states_port": free_port(),
             "specfleet_serve_port": free_port(),
+            "specfleet_data_port": free_port(),
             **LOW_HOST_FLOORS,
         }
         self.inventory = self.tmp / "inventory.yml"

@@ -195,6 +195,7 @@ def test_a2_idle_host_passes_and_records_the_npu_environment(npu_host: MockNpuHo
     assert state["thresholds"]["ports"] == [
         npu_host.ports["specfleet_hidden_states_port"],
         npu_host.ports["specfleet_serve_port"],
+        npu_host.ports["specfleet_data_port"],
     ]
 
     # The wrapper sources the CANN scripts (and defines ZSH_VERSION for ATB's); with `all` it

@@ -119,6 +119,7 @@ def relaxed() -> tuple[str, ...]:
     return (
         f"specfleet_hidden_states_port={free_port()}",
         f"specfleet_serve_port={free_port()}",
+        f"specfleet_data_port={free_port()}",
         json.dumps(LOW_HOST_FLOORS),
     )
 

@@ -79,6 +79,7 @@ def test_inventory_group_vars_set_the_work_root(tmp_path: Path) -> None:
     extravars = {
         "specfleet_hidden_states_port": free_port(),
         "specfleet_serve_port": free_port(),
+        "specfleet_data_port": free_port(),
         **LOW_HOST_FLOORS,
         "specfleet_reports_dir": str(tmp_path / "reports"),
     }

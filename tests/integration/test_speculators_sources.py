@@ -184,6 +184,7 @@ class Work:
         self.ports = {
             "specfleet_hidden_states_port": free_port(),
             "specfleet_serve_port": free_port(),
+            "specfleet_data_port": free_port(),
         }
         hostvars = {
             "ansible_connection": "local",

@@ -50,6 +50,7 @@ ANSIBLE_PLAYBOOK = REPO / ".venv" / "bin" / "ansible-playbook"
 CPU_VENV = REPO / ".work" / "local" / "venv"
 SERVE_PORT = 18400
 HIDDEN_STATES_PORT = 18401
+DATA_PORT = 18402
 STAGES = ("speculators_install", "models", "convert", "data", "hidden_states", "train", "serve")
 RUN_TIMEOUT_S = 2400
 TIMINGS: list[tuple[str, float, str]] = []
@@ -80,6 +81,7 @@ class Pipeline:
             "specfleet_root": str(self.root),
             "specfleet_venv": str(CPU_VENV),
             "specfleet_hidden_states_port": HIDDEN_STATES_PORT,
+            "specfleet_data_port": DATA_PORT,
             "specfleet_serve_port": SERVE_PORT,
             "stage_poll_delay_s": 2,
             # The greedy comparison against the plain verifier is a second vLLM start per

@@ -830,3 +830,61 @@ def test_refused_stdin_input_is_kept_and_latest_stays(tmp_path, capsys, monkeypa
     assert (out / "hosts.json").read_text() == "{not json"
     assert not (out / "fleet.json").exists()
     assert os.readlink(reports / "latest") == "old"
+
+
+BENCH = {
+    "dflash": {
+        "date": "20261204-215300", "num_prompts": 32, "max_concurrency": 1, "completed": 32,
+        "failed": 0, "total_output_tokens": 1024, "output_throughput": 647.9, "mean_tpot_ms": 1.176,
+    },
+    "plain": {
+        "date": "20261204-205300", "num_prompts": 32, "max_concurrency": 1, "completed": 32,
+        "failed": 0, "total_output_tokens": 1024, "output_throughput": 315.6, "mean_tpot_ms": 2.934,
+        "source": "kept",
+    },
+    "acceptance_rate": 0.899,
+    "mean_acceptance_length": 5.495,
+    "per_position_acceptance": [0.926, 0.902, 0.897, 0.887, 0.882],
+    "speedup_output_throughput": 2.053,
+    "speedup_tpot": 2.495,
+}  # fmt: skip
+
+
+def test_the_measured_speedup_per_host(tmp_path):
+    """A host whose serve stage ran the benchmark shows its figures in the fleet table and in
+    its own section; one without (serve_bench off, or an older stamp) is left out of the table."""
+    doc = green_fleet()
+    serve = doc["hosts"]["a2-node1"]["state"]["stamps"]["serve"]
+    serve["metrics"] = {
+        **METRICS["serve"],
+        "acceptance_rate": 0.899,
+        "mean_acceptance_length": 5.495,
+        "acceptance_measured_on": "bench",
+        "bench": BENCH,
+    }
+    out = run(tmp_path, doc).out
+    summary = {
+        h["name"]: h["summary"] for h in json.loads((out / "fleet.json").read_text())["hosts"]
+    }
+    bench = summary["a2-node1"]["bench"]
+    assert bench["speedup_output_throughput"] == 2.053 and bench["plain_source"] == "kept"
+    assert bench["prompts"] == 32 and bench["output_tokens"] == 1024
+    assert summary["a3-node1"]["bench"] is None
+    md = (out / "fleet.md").read_text()
+    table = md.split("Speculative decoding, measured", 1)[1].split("\n\n", 2)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| a")]
+    assert rows == [
+        "| a2-node1 | atlas-a2 | 89.9% | 5.50 | 93% / 90% / 90% / 89% / 88% | 647.9 / 315.6 "
+        "| 1.18 / 2.93 ms | 2.05x |"
+    ]
+    section = md.split("## a2-node1 (atlas-a2)", 1)[1].split("\n## ", 1)[0]
+    assert "- Acceptance rate: 89.9% (on the benchmark prompts)" in section
+    assert (
+        "- Measured speedup: 2.05x output tokens/s (647.9 with the draft, 315.6 plain,"
+        " plain measured 20261204-205300 and kept), 2.50x time per output token (1.18 / 2.93 ms);"
+        " 32 prompts, 1024 output tokens, 1 at a time"
+    ) in section
+    # Without a benchmark on any host, no table.
+    (tmp_path / "g").mkdir()
+    plain = run(tmp_path / "g", green_fleet()).out
+    assert "Speculative decoding, measured" not in (plain / "fleet.md").read_text()

@@ -173,30 +173,60 @@ def test_no_key_without_recorded_verifier_files(tmp_path):
     stamp = tmp_path / "models.json"
     stamp.write_text(json.dumps({"stage": "models"}))  # an older stamp: no manifest
     assert serve_result.reference_key(stamp, tmp_path / "verifier", IDENTITY) is None
-    assert serve_result.take_reference(tmp_path / "kept", None, tmp_path / "out.json") is None
-    assert serve_result.keep_reference(tmp_path / "kept", None, tmp_path / "x.json") is None
+    assert (
+        serve_result.take_reference(tmp_path / "kept", None, {"greedy": tmp_path / "o.json"})
+        is None
+    )
+    assert (
+        serve_result.keep_reference(tmp_path / "kept", None, {"greedy": tmp_path / "x.json"})
+        is None
+    )
     assert not (tmp_path / "kept").exists()
 
 
 def test_kept_outputs_are_taken_by_the_same_key_only(tmp_path):
     source = write(tmp_path / "greedy_plain.json", GREEDY)
-    kept = serve_result.keep_reference(tmp_path / "kept", "k1", source)
-    assert kept == tmp_path / "kept" / "k1.json"
+    kept = serve_result.keep_reference(tmp_path / "kept", "k1", {"greedy": source})
+    assert kept == [tmp_path / "kept" / "k1.greedy.json"]
     out = tmp_path / "out.json"
-    assert serve_result.take_reference(tmp_path / "kept", "k2", out) is None
+    assert serve_result.take_reference(tmp_path / "kept", "k2", {"greedy": out}) is None
     assert not out.exists()
-    assert serve_result.take_reference(tmp_path / "kept", "k1", out) == kept
+    assert serve_result.take_reference(tmp_path / "kept", "k1", {"greedy": out}) == kept
     assert serve_result.last_json(out) == GREEDY
+
+
+def test_every_part_asked_for_must_be_kept(tmp_path):
+    """A reference kept without benchmark figures (serve_bench was off) does not stand in for
+    one with them: the plain server runs again and measures."""
+    kept_dir = tmp_path / "kept"
+    serve_result.keep_reference(kept_dir, "k1", {"greedy": write(tmp_path / "g.json", GREEDY)})
+    outs = {"greedy": tmp_path / "g_out.json", "bench": tmp_path / "b_out.json"}
+    assert serve_result.take_reference(kept_dir, "k1", outs) is None
+    assert not outs["greedy"].exists() and not outs["bench"].exists()
+    bench = tmp_path / "b.json"
+    bench.write_text(json.dumps(BENCH_PLAIN))  # as vllm bench serve saves it
+    serve_result.keep_reference(kept_dir, "k1", {"bench": bench})
+    assert len(serve_result.take_reference(kept_dir, "k1", outs)) == 2
+    assert json.loads(outs["bench"].read_text()) == BENCH_PLAIN
 
 
 def test_damaged_kept_outputs_are_dropped_not_taken(tmp_path):
     kept_dir = tmp_path / "kept"
     kept_dir.mkdir()
-    (kept_dir / "k1.json").write_text('{"outputs": [')  # cut short
-    assert serve_result.take_reference(kept_dir, "k1", tmp_path / "out.json") is None
-    assert not (kept_dir / "k1.json").exists()
+    (kept_dir / "k1.greedy.json").write_text('{"outputs": [')  # cut short
+    assert serve_result.take_reference(kept_dir, "k1", {"greedy": tmp_path / "out.json"}) is None
+    assert not (kept_dir / "k1.greedy.json").exists()
     with pytest.raises(ValueError, match="no greedy outputs"):
-        serve_result.keep_reference(kept_dir, "k1", write(tmp_path / "e.json", {"outputs": []}))
+        serve_result.keep_reference(
+            kept_dir, "k1", {"greedy": write(tmp_path / "e.json", {"outputs": []})}
+        )
+    with pytest.raises(ValueError, match="no vllm bench serve result"):
+        bench = tmp_path / "b.json"
+        bench.write_text(json.dumps({"x": 1}))
+        serve_result.keep_reference(kept_dir, "k1", {"bench": bench})
+    (kept_dir / "k1.bench.json").write_text('{"output_throughput": 3')  # cut short
+    assert serve_result.take_reference(kept_dir, "k1", {"bench": tmp_path / "b_out.json"}) is None
+    assert not (kept_dir / "k1.bench.json").exists()
 
 
 def reference_cli_args(tmp_path: Path) -> tuple[Path, list[str]]:
@@ -212,12 +242,12 @@ def reference_cli_args(tmp_path: Path) -> tuple[Path, list[str]]:
 def test_reference_cli_take_exits_3_until_kept(tmp_path):
     _, common = reference_cli_args(tmp_path)
     out = tmp_path / "out.json"
-    taken = run_cli("take-reference", *common, "--out", str(out))
+    taken = run_cli("take-reference", *common, "--part", f"greedy={out}")
     assert taken.returncode == 3 and taken.stdout == "", taken
     source = write(tmp_path / "greedy_plain.json", GREEDY)
-    kept = run_cli("keep-reference", *common, "--from", str(source))
+    kept = run_cli("keep-reference", *common, "--part", f"greedy={source}")
     assert kept.returncode == 0, kept.stderr
-    taken = run_cli("take-reference", *common, "--out", str(out))
+    taken = run_cli("take-reference", *common, "--part", f"greedy={out}")
     assert taken.returncode == 0, taken.stderr
     assert taken.stdout.strip() == kept.stdout.strip() != ""
     assert serve_result.last_json(out) == GREEDY
@@ -228,11 +258,11 @@ def test_reference_cli_keys_on_the_server_arguments(tmp_path):
     server = ["--", str(verifier), "--max-model-len", "512", "--enforce-eager"]
     source = write(tmp_path / "greedy_plain.json", GREEDY)
     out = tmp_path / "out.json"
-    assert run_cli("keep-reference", *common, "--from", str(source), *server).returncode == 0
-    assert run_cli("take-reference", *common, "--out", str(out), *server).returncode == 0
+    assert run_cli("keep-reference", *common, "--part", f"greedy={source}", *server).returncode == 0
+    assert run_cli("take-reference", *common, "--part", f"greedy={out}", *server).returncode == 0
     other = ["--", str(verifier), "--max-model-len", "1024", "--enforce-eager"]
-    assert run_cli("take-reference", *common, "--out", str(out), *other).returncode == 3
-    assert run_cli("take-reference", *common, "--out", str(out)).returncode == 3
+    assert run_cli("take-reference", *common, "--part", f"greedy={out}", *other).returncode == 3
+    assert run_cli("take-reference", *common, "--part", f"greedy={out}").returncode == 3
 
 
 def test_combine_records_where_the_plain_outputs_came_from(tmp_path):
@@ -250,6 +280,72 @@ def test_combine_records_where_the_plain_outputs_came_from(tmp_path):
     assert kept.returncode == 0, kept.stderr
     assert json.loads(out.read_text())["lossless"]["plain"] == "kept"
     assert serve_result.verify(out, 8, require_lossless=True)["lossless"] is True
+
+
+BENCH_DFLASH = {
+    "date": "20261204-215300", "num_prompts": 4, "max_concurrency": 1, "completed": 4, "failed": 0,
+    "total_output_tokens": 128, "output_throughput": 600.0, "mean_tpot_ms": 1.2,
+    "spec_decode_acceptance_rate": 90.0, "spec_decode_acceptance_length": 5.5,
+    "spec_decode_num_drafts": 24, "spec_decode_draft_tokens": 120,
+    "spec_decode_accepted_tokens": 108,
+    "spec_decode_per_position_acceptance_rates": [0.95, 0.9, 0.9, 0.85, 0.85],
+    "generated_texts": ["not kept"],
+}  # fmt: skip
+BENCH_PLAIN = {
+    "date": "20261204-215329", "num_prompts": 4, "max_concurrency": 1, "completed": 4, "failed": 0,
+    "total_output_tokens": 128, "output_throughput": 300.0, "mean_tpot_ms": 3.0,
+}  # fmt: skip
+
+
+def test_the_benchmark_gives_the_acceptance_and_the_speedup(tmp_path):
+    chat, metrics = write(tmp_path / "chat.json", CHAT), write(tmp_path / "m.json", METRICS)
+    dflash = tmp_path / "bench_dflash.json"
+    dflash.write_text(json.dumps(BENCH_DFLASH))
+    plain = tmp_path / "bench_plain.json"
+    plain.write_text(json.dumps(BENCH_PLAIN))
+    out = tmp_path / "result.json"
+    combined = run_cli(
+        "combine", "--chat", str(chat), "--metrics", str(metrics), "--bench-dflash", str(dflash),
+        "--bench-plain", str(plain), "--plain-source", "kept", "--out", str(out),
+    )  # fmt: skip
+    assert combined.returncode == 0, combined.stderr
+    bench = json.loads(out.read_text())["bench"]
+    assert bench["speedup_output_throughput"] == pytest.approx(2.0)
+    assert bench["speedup_tpot"] == pytest.approx(2.5)
+    assert bench["acceptance_rate"] == pytest.approx(0.9)  # vLLM's percent, as a fraction
+    assert bench["plain"]["source"] == "kept" and "generated_texts" not in bench["dflash"]
+    summary = serve_result.verify(out, 8, require_lossless=False, bench_prompts=4)
+    assert summary["acceptance_measured_on"] == "bench"
+    assert summary["acceptance_rate"] == pytest.approx(0.9)
+    assert summary["mean_acceptance_length"] == 5.5 and summary["num_drafts"] == 24
+    # Without the benchmark asked for, the acceptance is the checks' own.
+    checks = serve_result.verify(out, 8, require_lossless=False)
+    assert checks["acceptance_measured_on"] == "checks" and "bench" not in checks
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda r: r.pop("bench"), "no dflash benchmark recorded"),
+        (
+            lambda r: r["bench"]["plain"].update(completed=3, failed=1),
+            "plain benchmark completed 3 of 4",
+        ),
+    ],
+)
+def test_verify_requires_every_benchmark_request(tmp_path, change, problem):
+    chat, metrics = write(tmp_path / "chat.json", CHAT), write(tmp_path / "m.json", METRICS)
+    dflash, plain = tmp_path / "d.json", tmp_path / "p.json"
+    dflash.write_text(json.dumps(BENCH_DFLASH))
+    plain.write_text(json.dumps(BENCH_PLAIN))
+    out = tmp_path / "result.json"
+    result = serve_result.combine(
+        chat, metrics, None, None, out, bench_dflash=dflash, bench_plain=plain
+    )
+    change(result)
+    out.write_text(json.dumps(result))
+    with pytest.raises(ValueError, match=problem):
+        serve_result.verify(out, 8, require_lossless=False, bench_prompts=4)
 
 
 SERVICE = {

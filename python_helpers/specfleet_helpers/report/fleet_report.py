@@ -536,7 +536,9 @@ def host_summary(host: dict[str, Any]) -> dict[str, Any]:
         "hidden_state_files": metric("hidden_states", "files"),
         "val_loss": val_loss,
         "acceptance_rate": metric("serve", "acceptance_rate"),
+        "acceptance_measured_on": metric("serve", "acceptance_measured_on"),
         "mean_acceptance_length": metric("serve", "mean_acceptance_length"),
+        "bench": bench_summary(metric("serve", "bench")),
         "num_drafts": metric("serve", "num_drafts"),
         "num_draft_tokens": metric("serve", "num_draft_tokens"),
         "num_accepted_tokens": metric("serve", "num_accepted_tokens"),
@@ -546,6 +548,29 @@ def host_summary(host: dict[str, Any]) -> dict[str, Any]:
             "completion_tokens": metric("serve", "completion_tokens"),
             "finish_reason": metric("serve", "finish_reason"),
         },
+    }
+
+
+def bench_summary(bench: Any) -> Optional[dict[str, Any]]:
+    """The measured speedup of a serve stamp's `bench` (serve_result.bench_figures), flat."""
+    if not isinstance(bench, dict):
+        return None
+    dflash = bench.get("dflash") if isinstance(bench.get("dflash"), dict) else {}
+    plain = bench.get("plain") if isinstance(bench.get("plain"), dict) else {}
+    return {
+        "prompts": dflash.get("num_prompts"),
+        "output_tokens": dflash.get("total_output_tokens"),
+        "concurrency": dflash.get("max_concurrency"),
+        "dflash_output_throughput": dflash.get("output_throughput"),
+        "plain_output_throughput": plain.get("output_throughput"),
+        "dflash_mean_tpot_ms": dflash.get("mean_tpot_ms"),
+        "plain_mean_tpot_ms": plain.get("mean_tpot_ms"),
+        "speedup_output_throughput": bench.get("speedup_output_throughput"),
+        "speedup_tpot": bench.get("speedup_tpot"),
+        "per_position_acceptance": bench.get("per_position_acceptance"),
+        "plain_source": plain.get("source"),
+        "measured": dflash.get("date"),
+        "plain_measured": plain.get("date"),
     }
 
 
@@ -850,6 +875,13 @@ MARKDOWN.filters.update(
     fmt_loss=_fmt(".4g"),
     fmt_percent=_fmt(".1f", 100, "%"),
     fmt_fixed2=_fmt(".2f"),
+    fmt_ratio=_fmt(".2f", 1, "x"),
+    fmt_rate=_fmt(".1f"),
+    fmt_positions=lambda v: (
+        " / ".join(f"{x * 100:.0f}%" for x in v if _is_number(x))
+        if isinstance(v, list) and v
+        else "-"
+    ),
     fmt_lossless=lambda v: {True: "passed", False: "**FAILED**", None: "-"}.get(v, "-"),
     any_number=lambda values: any(_is_number(v) for v in values),
     tojson_compact=json.dumps,
@@ -863,8 +895,9 @@ MARKDOWN.filters.update(
 
 def render_markdown(report: dict[str, Any]) -> str:
     """fleet.md, from templates/fleet.md.j2."""
+    measured = [h for h in report["hosts"] if (h.get("summary") or {}).get("bench")]
     return MARKDOWN.get_template("fleet.md.j2").render(
-        r=report, verdict=verdict(report), sources=source_lines(report)
+        r=report, verdict=verdict(report), sources=source_lines(report), measured=measured
     )
 
 

@@ -69,8 +69,14 @@ def combine(
     auth: Optional[Path] = None,
     plain_source: str = "served",
     service: Optional[Path] = None,
+    bench_dflash: Optional[Path] = None,
+    bench_plain: Optional[Path] = None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"chat": last_json(chat), "metrics": last_json(metrics)}
+    if bench_dflash is not None and bench_plain is not None:
+        result["bench"] = bench_figures(
+            _bench_figures(bench_dflash), _bench_figures(bench_plain), plain_source
+        )
     if auth is not None:
         result["auth"] = last_json(auth)
     if service is not None:
@@ -133,7 +139,7 @@ def service_problems(
 
 
 # Bumped when what a reference holds, or how it is keyed, changes: older ones are not taken.
-REFERENCE_FORMAT = 1
+REFERENCE_FORMAT = 2
 # Models stamp inputs that say nothing about the verifier's weights (the run ids of what the
 # models stage ran after, the stage script's own checksum).
 _NOT_ORIGIN = frozenset({"upstream", "script_sha256"})
@@ -172,32 +178,110 @@ def _greedy_outputs(path: Path) -> dict[str, Any]:
     return data
 
 
-def take_reference(directory: Path, key: Optional[str], out: Path) -> Optional[Path]:
-    """Copy the kept outputs of `key` to `out`; the kept file, or None when there is none.
-    A kept file that does not read as greedy outputs is removed, so the server runs again."""
-    if key is None:
-        return None
-    kept = directory / f"{key}.json"
-    try:
-        data = _greedy_outputs(kept)
-    except FileNotFoundError:
-        return None
-    except ValueError:
-        kept.unlink(missing_ok=True)
-        return None
-    files.write_json_atomic(out, data)
-    return kept
+def _bench_figures(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("output_throughput"), (int, float)):
+        raise ValueError(f"{path} holds no vllm bench serve result")
+    return data
 
 
-def keep_reference(directory: Path, key: Optional[str], source: Path) -> Optional[Path]:
-    """Keep the plain verifier's greedy outputs in `source` under `key` (atomically)."""
+# What the plain verifier's reference is made of: its greedy outputs (the lossless check) and
+# its benchmark figures (the measured speedup), each kept in a file of its own.
+REFERENCE_PARTS = {"greedy": _greedy_outputs, "bench": _bench_figures}
+
+
+def take_reference(
+    directory: Path, key: Optional[str], outs: dict[str, Path]
+) -> Optional[list[Path]]:
+    """Copy the kept parts of `key` to their `outs`; the kept files, or None unless every part
+    asked for is kept. A kept file that does not read as its part is removed, so the plain
+    server runs again."""
+    if key is None or not outs:
+        return None
+    found: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for part in outs:
+        kept = directory / f"{key}.{part}.json"
+        try:
+            found[part] = (kept, REFERENCE_PARTS[part](kept))
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            kept.unlink(missing_ok=True)
+            return None
+    for part, (_, data) in found.items():
+        files.write_json_atomic(outs[part], data)
+    return [kept for kept, _ in found.values()]
+
+
+def keep_reference(
+    directory: Path, key: Optional[str], sources: dict[str, Path]
+) -> Optional[list[Path]]:
+    """Keep the plain verifier's parts in `sources` under `key` (atomically, each)."""
     if key is None:
         return None
-    data = _greedy_outputs(source)
+    checked = {part: REFERENCE_PARTS[part](source) for part, source in sources.items()}
     directory.mkdir(parents=True, exist_ok=True)
-    kept = directory / f"{key}.json"
-    files.write_json_atomic(kept, data)
+    kept = []
+    for part, data in checked.items():
+        target = directory / f"{key}.{part}.json"
+        files.write_json_atomic(target, data)
+        kept.append(target)
     return kept
+
+
+# What result.json and the stamp keep of a `vllm bench serve` result (the rest is per request,
+# or the run's own bookkeeping).
+BENCH_KEYS = (
+    "date",
+    "num_prompts",
+    "max_concurrency",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "spec_decode_acceptance_rate",
+    "spec_decode_acceptance_length",
+    "spec_decode_num_drafts",
+    "spec_decode_draft_tokens",
+    "spec_decode_accepted_tokens",
+    "spec_decode_per_position_acceptance_rates",
+)
+
+
+def bench_figures(
+    dflash: dict[str, Any], plain: dict[str, Any], plain_source: str
+) -> dict[str, Any]:
+    """The measured speedup: both runs' figures and the ratios (> 1 is faster with the draft).
+    vLLM reports the acceptance rate in percent; here it is a fraction like the checks'."""
+    shown_dflash = {k: dflash.get(k) for k in BENCH_KEYS}
+    shown_plain = {k: plain.get(k) for k in BENCH_KEYS if not k.startswith("spec_decode")}
+    shown_plain["source"] = plain_source
+
+    def ratio(a: Any, b: Any) -> Optional[float]:
+        ok = isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0
+        return a / b if ok else None
+
+    rate = dflash.get("spec_decode_acceptance_rate")
+    return {
+        "dflash": shown_dflash,
+        "plain": shown_plain,
+        "acceptance_rate": rate / 100.0 if isinstance(rate, (int, float)) else None,
+        "mean_acceptance_length": dflash.get("spec_decode_acceptance_length"),
+        "per_position_acceptance": dflash.get("spec_decode_per_position_acceptance_rates"),
+        "speedup_output_throughput": ratio(
+            dflash.get("output_throughput"), plain.get("output_throughput")
+        ),
+        "speedup_tpot": ratio(plain.get("mean_tpot_ms"), dflash.get("mean_tpot_ms")),
+    }
 
 
 def api_key_enforced(result: dict[str, Any]) -> bool:
@@ -214,6 +298,7 @@ def verify(
     service_name: Optional[str] = None,
     run_dir: Optional[Path] = None,
     health_wait_s: float = 0.0,
+    bench_prompts: int = 0,
 ) -> dict[str, Any]:
     result = json.loads(result_path.read_text())
     chat, metrics = result["chat"], result["metrics"]
@@ -244,6 +329,17 @@ def verify(
         elif not check["equal"]:
             differing = [p["prompt"] for p in check["pairs"] if not p["equal"]]
             problems.append(f"greedy outputs differ with the draft for: {differing}")
+    bench = result.get("bench")
+    if bench_prompts:
+        for side in ("dflash", "plain"):
+            figures = (bench or {}).get(side) or {}
+            if figures.get("completed") != bench_prompts or figures.get("failed"):
+                problems.append(
+                    f"the {side} benchmark completed {figures.get('completed')} of {bench_prompts}"
+                    f" requests ({figures.get('failed')} failed)"
+                    if figures
+                    else f"no {side} benchmark recorded"
+                )
     if problems:
         raise ValueError("; ".join(problems))
     summary = {
@@ -266,7 +362,33 @@ def verify(
     if "lossless" in result:
         summary["lossless"] = result["lossless"]["equal"]
         summary["lossless_prompts"] = result["lossless"]["prompts"]
+    if bench_prompts and bench:
+        # The acceptance people compare is the benchmark's: the same fixed prompts on every host.
+        dflash = bench["dflash"]
+        summary.update(
+            acceptance_measured_on="bench",
+            acceptance_rate=bench["acceptance_rate"],
+            mean_acceptance_length=bench["mean_acceptance_length"],
+            num_drafts=dflash.get("spec_decode_num_drafts"),
+            num_draft_tokens=dflash.get("spec_decode_draft_tokens"),
+            num_accepted_tokens=dflash.get("spec_decode_accepted_tokens"),
+            bench=bench,
+        )
+    else:
+        summary["acceptance_measured_on"] = "checks"
     return summary
+
+
+def _parts(given: list[str]) -> dict[str, Path]:
+    parts = {}
+    for item in given:
+        name, sep, path = item.partition("=")
+        if not sep or name not in REFERENCE_PARTS or not path:
+            raise ValueError(
+                f"--part {item!r}: expected NAME=FILE with NAME one of {', '.join(REFERENCE_PARTS)}"
+            )
+        parts[name] = Path(path)
+    return parts
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -288,6 +410,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="whether --greedy-plain came from a plain server now or was kept from an earlier run",
     )
     c.add_argument("--service", type=Path, help="service status output (serve_mode service)")
+    c.add_argument("--bench-dflash", type=Path, help="vllm bench serve result, DFlash endpoint")
+    c.add_argument("--bench-plain", type=Path, help="vllm bench serve result, plain verifier")
     c.add_argument("--out", type=Path, required=True)
     v = sub.add_parser("verify", help="exit 1 unless result.json shows a passing smoke test")
     v.add_argument("--result", type=Path, required=True)
@@ -308,6 +432,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=0.0,
         help="how long a running service's server may take to answer /health (a restart)",
     )
+    v.add_argument(
+        "--bench-prompts",
+        type=int,
+        default=0,
+        help="require both benchmarks with every one of this many requests completed",
+    )
     for name, what in (
         (
             "take-reference",
@@ -327,10 +457,16 @@ def main(argv: Optional[list[str]] = None) -> int:
             required=True,
             help="JSON: the vLLM install and the prompts the outputs depend on",
         )
-        if name == "take-reference":
-            r.add_argument("--out", type=Path, required=True)
-        else:
-            r.add_argument("--from", dest="source", type=Path, required=True)
+        r.add_argument(
+            "--part",
+            action="append",
+            required=True,
+            metavar="NAME=FILE",
+            help=(
+                f"a part of the reference ({', '.join(REFERENCE_PARTS)}) and the file to"
+                + (" copy it to" if name == "take-reference" else " keep it from")
+            ),
+        )
         r.add_argument(
             "server_argv",
             nargs="*",
@@ -342,13 +478,14 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.command in ("take-reference", "keep-reference"):
             identity = {"server": args.server_argv, **args.identity}
             key = reference_key(args.models_stamp, args.verifier, identity)
+            parts = _parts(args.part)
             if args.command == "take-reference":
-                kept = take_reference(args.dir, key, args.out)
+                kept = take_reference(args.dir, key, parts)
             else:
-                kept = keep_reference(args.dir, key, args.source)
+                kept = keep_reference(args.dir, key, parts)
             if kept is None:
                 return 3 if args.command == "take-reference" else 0
-            print(kept)
+            print(" ".join(str(path) for path in kept))
             return 0
         if args.command == "combine":
             out = combine(
@@ -360,6 +497,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 auth=args.auth,
                 plain_source=args.plain_source,
                 service=args.service,
+                bench_dflash=args.bench_dflash,
+                bench_plain=args.bench_plain,
             )
         else:
             out = verify(
@@ -370,6 +509,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 args.service_name,
                 args.run_dir,
                 args.health_wait_s,
+                args.bench_prompts,
             )
     except (OSError, ValueError, KeyError) as exc:
         print(f"serve result {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)

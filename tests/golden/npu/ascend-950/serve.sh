@@ -67,6 +67,46 @@ start_vllm() {
   server wait --timeout 900
 }
 
+# The measured speedup: vLLM's own benchmark client, the same fixed prompts (specfleet's benchmark
+# prompts, never trained on) against each server, one after the other.
+"$PY" -m specfleet_helpers.stages.prompt_set bench --count 32 --out "$WORK.tmp/bench_prompts.jsonl" >/dev/null
+bench() {  # bench URL NAME: results in $WORK.tmp/bench_NAME.json, its output in $WORK.tmp/bench_NAME.log
+  echo "==> vllm bench serve against $1 ($2): 32 prompts x 256 tokens, 1 at a time, greedy"
+  "$PY" -m vllm.entrypoints.cli.main bench serve --backend openai-chat --endpoint /v1/chat/completions \
+    --base-url "$1" --model Qwen/Qwen3-8B --tokenizer /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B \
+    --dataset-name custom --dataset-path "$WORK.tmp/bench_prompts.jsonl" --disable-shuffle \
+    --num-prompts 32 --custom-output-len 256 --ignore-eos \
+    --temperature 0 --max-concurrency 1 --seed 0 --disable-tqdm \
+    --save-result --result-dir "$WORK.tmp" --result-filename "bench_$2.json" > "$WORK.tmp/bench_$2.log" 2>&1 \
+    || { tail -n 30 "$WORK.tmp/bench_$2.log" >&2; echo "vllm bench serve failed against $1: see $WORK.tmp/bench_$2.log" >&2; return 1; }
+  grep -E '^(Output token throughput|Mean TPOT|Acceptance rate|Acceptance length)' "$WORK.tmp/bench_$2.log" | sed 's/^/    /' || true
+}
+
+# The plain verifier's benchmark figures, kept from an earlier run
+# when the verifier's files, the vLLM install, the server arguments, the prompts and the benchmark
+# settings are all the same (serve_result.py says how); else served by the plain verifier on PORT
+# and kept. Sets PLAIN_SOURCE (kept or served).
+REFERENCE=(--dir /var/lib/specfleet/cache/serve-lossless --models-stamp /var/lib/specfleet/state/models.json \
+  --verifier /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B --identity '{"install": "MOCK-speculators-run", "profile": "npu", "prompts": ["Hello", "Briefly describe AI topic #3.", "What is speculative decoding?"], "max_tokens": 16, "bench": {"prompts": 32, "prompt_set": 1, "output_len": 256, "ignore_eos": true, "concurrency": 1}}')
+PARTS=(--part bench="$WORK.tmp/bench_plain.json")
+plain_kept() {
+  PLAIN_SOURCE=kept
+  if kept=$("$PY" -m specfleet_helpers.stages.serve_result take-reference "${REFERENCE[@]}" "${PARTS[@]}" -- "${VERIFIER_ARGS[@]}"); then
+    echo "==> the plain verifier's benchmark figures: kept from an earlier run ($kept)"
+    return 0
+  fi
+  return 1
+}
+plain_serve() {  # plain_serve PORT
+  PLAIN_SOURCE=served
+  echo "==> vllm serve the plain verifier on port $1 for the benchmark"
+  start_vllm /var/lib/specfleet/logs/serve.plain.vllm.log "$1"
+  bench "http://$HOST:$1" plain
+  server stop
+  "$PY" -m specfleet_helpers.stages.serve_result keep-reference "${REFERENCE[@]}" "${PARTS[@]}" -- "${VERIFIER_ARGS[@]}" >/dev/null \
+    || echo "(the plain verifier's reference could not be kept: the next serve run starts it again)"
+}
+
 service() {  # service deploy|wait|status|stop [ARGS...]
   local action=$1
   shift
@@ -81,6 +121,14 @@ PREVIOUS="$RUN/serve.service.previous.sh"
 rm -f "$PREVIOUS"
 if [ -f "$LAUNCHER" ] && service status | grep -q '"healthy": true'; then
   cp "$LAUNCHER" "$PREVIOUS"
+fi
+# On the hidden-states port, which no stage holds once hidden_states is done, before the service
+# is (re)deployed. The devices hold one verifier at a time, so the endpoint is
+# down meanwhile; only when the reference is not kept (a new verifier, vLLM or server flags: a
+# retrained draft reuses it).
+if ! plain_kept; then
+  service stop >/dev/null
+  plain_serve 8001
 fi
 {
   echo '#!/usr/bin/env bash'
@@ -132,10 +180,13 @@ cat "$WORK.tmp/chat.json"
 echo "==> spec-decode metrics"
 check metrics --require-spec-decode > "$WORK.tmp/metrics.json"
 cat "$WORK.tmp/metrics.json"
+bench "$URL" dflash
 service status > "$WORK.tmp/service.json"
 
 "$PY" -m specfleet_helpers.stages.serve_result combine --chat "$WORK.tmp/chat.json" --metrics "$WORK.tmp/metrics.json" \
+  --plain-source "$PLAIN_SOURCE" \
   --service "$WORK.tmp/service.json" \
+  --bench-dflash "$WORK.tmp/bench_dflash.json" --bench-plain "$WORK.tmp/bench_plain.json" \
   --out "$WORK.tmp/result.json" >/dev/null
 rm -rf "$WORK"
 mv "$WORK.tmp" "$WORK"

@@ -7,11 +7,12 @@ set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
 PY=python3
 OUT=/var/lib/specfleet/data/prepared
-mkdir -p "$(dirname /var/lib/specfleet/data/prompts.jsonl)"
-
+DATA=/var/lib/specfleet/data
+mkdir -p "$DATA" "$(dirname /var/lib/specfleet/data/prompts.jsonl)"
 echo "==> tokenize the 10 smoke chats with the verifier's chat template"
 "$PY" -m specfleet_helpers.stages.chat_data --model /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B \
   --out /var/lib/specfleet/data/prompts.jsonl --smoke-rows 10
+
 echo "==> speculators prepare-data (seq length 8192, max samples 10)"
 rm -rf "$OUT.tmp"
 "$PY" -m speculators prepare-data \
