@@ -13,15 +13,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from siteruns import LOW_HOST_FLOORS
+from siteruns import LOW_HOST_FLOORS, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -430,3 +432,84 @@ def test_image_archive_is_pushed_and_loaded_once(tmp_path: Path) -> None:
         # The loaded image is the shared test image under another name: drop the name only
         # (`rmi --force` would remove every container of that image, other tests' too).
         podman("untag", tag, check=False)
+
+
+def test_a_service_deployed_inside_comes_back_when_the_container_restarts(
+    host: ContainerHost,
+) -> None:
+    """serve_mode service on the container runtime: the service's supervisor runs in the stage
+    container; a killed server is restarted by it, and when the container itself restarts (a
+    crash of it, or a reboot) the engine's restart policy starts the container again and its
+    command (`service boot`) starts the supervisor again: the same deployment, its secret
+    included, without any run of specfleet. A small HTTP server stands in for vLLM."""
+    if not host.wrapper.exists():
+        host.play()
+    inspected = json.loads(podman("container", "inspect", host.name).stdout)[0]
+    assert inspected["HostConfig"]["RestartPolicy"]["Name"] == "always", inspected["HostConfig"]
+    run_dir, port = host.root / "run", free_port()
+    site = host.root / "svc-site"
+    site.mkdir(exist_ok=True)
+    (site / "health").write_text("ok\n")
+    launcher = run_dir / "svc.service.sh"
+    launcher.write_text(
+        "#!/usr/bin/env bash\n"
+        f"exec python3 -m http.server {port} --bind 127.0.0.1 --directory {site}\n"
+    )
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(host.tmp)}
+
+    def service(*args: str, **extra_env: str) -> dict[str, Any]:
+        argv = [str(host.wrapper), "python3", "-m", "specfleet_helpers.host.service", *args]
+        argv += ["--name", "svc", "--run-dir", str(run_dir)]
+        out = subprocess.run(argv, env={**env, **extra_env}, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def server_env(pid: int) -> list[str]:
+        return Path(f"/proc/{pid}/environ").read_text(errors="replace").split("\0")
+
+    deployed = service(
+        "deploy", "--launcher", str(launcher), "--log", str(host.root / "logs" / "svc.log"),
+        "--port", str(port), "--pass-env", "VLLM_API_KEY", "--restart-delay-s", "1",
+        VLLM_API_KEY="sekret-for-the-test",
+    )  # fmt: skip
+    assert deployed["manager"] == "specfleet", deployed
+    first = service("wait", "--timeout", "60")
+    assert container_pid(first["main_pid"], host.name)
+    assert "VLLM_API_KEY=sekret-for-the-test" in server_env(first["main_pid"])
+
+    # The server dies: its supervisor starts it again.
+    os.kill(first["main_pid"], signal.SIGKILL)
+    again = wait_for_health(service, lambda s: s["main_pid"] != first["main_pid"])
+    assert again["restarts"] == 1 and again["supervisor_pid"] == first["supervisor_pid"]
+
+    # The container restarts: everything in it ends, the engine starts it again, and its
+    # command brings the service back as it was deployed.
+    podman("restart", "--time", "2", host.name)
+    assert not alive(first["supervisor_pid"]), "the old supervisor outlived its container"
+    back = wait_for_health(service, lambda s: s["supervisor_pid"] != first["supervisor_pid"])
+    assert back["launcher_sha256"] == first["launcher_sha256"] and back["launcher_unchanged"]
+    assert container_pid(back["main_pid"], host.name)
+    assert "VLLM_API_KEY=sekret-for-the-test" in server_env(back["main_pid"])
+    record = json.loads((run_dir / "svc.service.json").read_text())
+    assert record.get("restored_at"), record
+    # The secret is in the container's own filesystem, never under the (mounted) work root.
+    leaked = subprocess.run(
+        ["grep", "-rl", "sekret-for-the-test", str(host.root)], capture_output=True
+    )
+    assert leaked.stdout == b"", leaked.stdout
+
+    stopped = service("stop")
+    assert stopped["stopped"], stopped
+    podman("restart", "--time", "2", host.name)
+    time.sleep(2)
+    assert not service("status")["deployed"], "a stopped service came back"
+
+
+def wait_for_health(service: Callable[..., dict[str, Any]], new: Callable[[dict], bool]) -> dict:
+    deadline = time.monotonic() + 60
+    while True:
+        now = service("status")
+        if now.get("healthy") and new(now):
+            return now
+        assert time.monotonic() < deadline, f"the service did not come back: {now}"
+        time.sleep(0.5)

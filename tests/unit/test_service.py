@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from procutil import pid_alive, run_helper, wait_until
+from procutil import HELPERS, pid_alive, run_helper, wait_until
 from specfleet_helpers.host import host_probe, service
 
 FAKE_SERVER = r"""
@@ -253,3 +253,51 @@ def test_help_names_every_command():
     assert done.returncode == 0
     for command in ("deploy", "status", "wait", "stop"):
         assert command in done.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the stage container's services run as root")
+def test_boot_brings_back_what_was_deployed_in_the_stage_container(layout, tmp_path, monkeypatch):
+    """In specfleet's stage container the supervisor goes down with the container; the
+    container's command runs `boot` when the engine starts it again, which starts the same
+    deployment (same launcher, same secret) without any specfleet run."""
+    monkeypatch.setenv(service.INSIDE_CONTAINER_ENV, "specfleet")
+    monkeypatch.setenv("PYTHONPATH", str(HELPERS))
+    monkeypatch.setenv("VLLM_API_KEY", "k3y-in-the-container")
+    secrets = tmp_path / "etc-specfleet"
+    service.deploy(
+        "serve", layout["run"], layout["launcher"], layout["log"], manager="specfleet",
+        port=layout["port"], pass_env=["VLLM_API_KEY"], restart_delay_s=0.5, secrets_dir=secrets,
+    )  # fmt: skip
+    monkeypatch.delenv("VLLM_API_KEY")
+    first = service.wait("serve", layout["run"], timeout=30)
+    kept = secrets / "serve.env"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert service.boot(layout["run"]) == [{"name": "serve", "restored": False, "why": "running"}]
+
+    # The container stops: every process in it ends at once.
+    os.kill(first["supervisor_pid"], signal.SIGKILL)
+    os.killpg(first["main_pid"], signal.SIGKILL)
+    assert wait_until(lambda: not service.status("serve", layout["run"])["running"], timeout=10)
+
+    restored = service.boot(layout["run"])
+    assert [r["restored"] for r in restored] == [True], restored
+    back = service.wait("serve", layout["run"], timeout=30)
+    assert back["supervisor_pid"] != first["supervisor_pid"]
+    assert back["launcher_sha256"] == first["launcher_sha256"] and back["launcher_unchanged"]
+    assert get(layout["port"], "/env") == "k3y-in-the-container"
+    assert "restoring the service" in layout["log"].read_text()
+    # A launcher changed meanwhile is not what was checked: boot leaves it to the next run.
+    service.stop("serve", layout["run"], remove=False)
+    layout["launcher"].write_text(layout["launcher"].read_text() + "# changed\n")
+    assert service.boot(layout["run"])[0]["restored"] is False
+    service.stop("serve", layout["run"])
+    assert not kept.exists(), "stop removes the secret"
+
+
+def test_boot_leaves_services_deployed_on_the_host_alone(layout, monkeypatch):
+    monkeypatch.delenv(service.INSIDE_CONTAINER_ENV, raising=False)
+    assert deploy(layout).returncode == 0
+    up = service.wait("serve", layout["run"], timeout=30)
+    service.stop("serve", layout["run"], remove=False)
+    assert service.boot(layout["run"]) == []
+    assert not pid_alive(up["supervisor_pid"])

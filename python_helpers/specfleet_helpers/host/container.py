@@ -47,6 +47,10 @@ class Wanted:
     env: dict[str, str] = field(default_factory=dict)
     run_args: list[str] = field(default_factory=list)
     command: list[str] = field(default_factory=lambda: ["sleep", "infinity"])
+    # The engine starts the container again after it exits and after a reboot (docker; podman
+    # with its podman-restart.service): the services deployed in it come back with it
+    # (service.py boot, run by the command). "" = no policy.
+    restart: str = "always"
 
     def settings(self) -> dict[str, Any]:
         """The run settings that decide whether an existing container still fits.
@@ -62,6 +66,7 @@ class Wanted:
             "env": {INSIDE_ENV: self.name, **dict(sorted(self.env.items()))},
             "run_args": list(self.run_args),
             "command": list(self.command),
+            "restart": self.restart,
             "fixed": list(FIXED_ARGS),
         }
 
@@ -82,6 +87,8 @@ def run_argv(wanted: Wanted) -> list[str]:
     argv = [wanted.engine, "run", "--detach", "--name", wanted.name, *FIXED_ARGS]
     if settings["shm_size"]:
         argv.append(f"--shm-size={settings['shm_size']}")
+    if settings["restart"]:
+        argv.append(f"--restart={settings['restart']}")
     for device in settings["devices"]:
         argv.append(f"--device={device}")
     for mount in settings["mounts"]:
@@ -238,6 +245,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         default='["sleep", "infinity"]',
         help="JSON list: the container's command (it must stay running)",
     )
+    parser.add_argument(
+        "--restart",
+        default="always",
+        help="restart policy (always, unless-stopped, on-failure, no; '' = none)",
+    )
     args = parser.parse_args(argv)
     try:
         command = json.loads(args.command)
@@ -261,6 +273,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         env={**{str(k): str(v) for k, v in env_json.items()}, **dict(args.env)},
         run_args=args.run_arg,
         command=[str(c) for c in command],
+        restart=args.restart,
     )
     result = plan(wanted) if args.action == "plan" else ensure(wanted)
     print(json.dumps(result, sort_keys=True))

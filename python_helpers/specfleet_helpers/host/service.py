@@ -11,8 +11,10 @@ Two supervisors, chosen per host (``--manager auto``):
 ``specfleet``
     elsewhere (containers, hosts without systemd, a user without root): this module's own
     supervisor (``supervise``), a detached process that restarts the server whenever it exits,
-    after ``--restart-delay-s``. It does not survive a reboot; the next run's check finds the
-    server gone and deploys it again.
+    after ``--restart-delay-s``. On a host it does not survive a reboot; the next run's check
+    finds the server gone and deploys it again. In specfleet's stage container (container
+    runtime) it does: the container has a restart policy, and its command runs ``boot`` first,
+    which starts the supervisor of every service recorded in the run directory again.
 
 Either way the server's command is a launcher script the serve stage writes (ending in
 ``exec``), so both supervisors run exactly the same thing; what is deployed is identified by
@@ -20,7 +22,8 @@ the launcher's sha256, kept in RUN_DIR/NAME.service.json with the supervisor's d
 Secrets (``--pass-env VLLM_API_KEY``) never go into the launcher, the unit, this record or
 anywhere under the work root: systemd reads them from /etc/specfleet/NAME.env (mode 0600, root
 only; ``EnvironmentFile=``), specfleet's supervisor holds them in its own environment (readable
-by its user only) and hands them to each restart.
+by its user only) and hands them to each restart. In the stage container they are also kept in
+that file, in the container's own filesystem (not a mount), for ``boot`` after a restart.
 
 The service's processes are not the deploying stage's: the supervisor starts in a session of
 its own (or in systemd's cgroup), so the stage runner ending the stage's process group leaves
@@ -51,6 +54,9 @@ from specfleet_helpers.host.procs import proc_stat, read_json
 from specfleet_helpers.host.vllm_server import health_ok
 
 MANAGERS = ("auto", "systemd", "specfleet")
+# Set in specfleet's stage container (container.INSIDE_ENV): services there are restored by
+# `boot` when the container starts again.
+INSIDE_CONTAINER_ENV = "SPECFLEET_CONTAINER"
 # Secrets a server may be given (--pass-env); those not asked for never reach a service.
 SECRET_ENV = ("VLLM_API_KEY",)
 RECORD_SUFFIX = ".service.json"
@@ -326,6 +332,20 @@ def _start_supervisor(
 # --- deploy / status / wait / stop -----------------------------------------------------------
 
 
+def _read_env_file(path: Path) -> dict[str, str]:
+    """What _write_env_file wrote (KEY="json string" lines)."""
+    values = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key] = json.loads(value)
+    return values
+
+
+def _in_stage_container() -> bool:
+    return bool(os.environ.get(INSIDE_CONTAINER_ENV)) and os.geteuid() == 0
+
+
 def _write_env_file(path: Path, names: list[str]) -> bool:
     values = {n: os.environ[n] for n in names if os.environ.get(n)}
     if not values:
@@ -417,9 +437,75 @@ def deploy(
         main_record_path(run_dir, name).unlink(missing_ok=True)
         # Only the secrets asked for reach the supervisor's environment (which it hands on).
         unasked = tuple(n for n in SECRET_ENV if n not in (pass_env or []))
+        state["restart_delay_s"] = restart_delay_s
+        if _in_stage_container():
+            # `boot` starts the supervisor again when the container restarts, without Ansible.
+            secrets = env_file(name, secrets_dir)
+            state["environment_file"] = (
+                str(secrets) if _write_env_file(secrets, pass_env or []) else None
+            )
+            state["restored_by_boot"] = True
         state.update(_start_supervisor(name, run_dir, launcher, log, restart_delay_s, unasked))
         write_json_atomic(record_path(run_dir, name), state)
     return {**status(name, run_dir), "replaced": previous.get("stopped", False)}
+
+
+def restore(name: str, run_dir: Path) -> dict[str, Any]:
+    """Start the supervisor of a deployed specfleet-managed service again when it is not
+    running (its container restarted, the host rebooted), with the launcher it was deployed
+    with: the deployment stays the same (launcher sha256), only the pids are new."""
+    run_dir = Path(run_dir).absolute()
+    state = read_json(record_path(run_dir, name))
+    if state is None:
+        raise BadInput(f"no service '{name}' deployed in {run_dir}")
+    if state.get("manager") != "specfleet":
+        return {"name": name, "restored": False, "why": f"managed by {state.get('manager')}"}
+    if _supervisor_alive(state):
+        return {"name": name, "restored": False, "why": "running"}
+    launcher, log = Path(state["launcher"]), Path(state["log"])
+    if sha256_file(launcher) != state.get("launcher_sha256"):
+        # Not what was checked: the next serve run redeploys it.
+        return {"name": name, "restored": False, "why": f"{launcher} changed or is gone"}
+    secrets: dict[str, str] = {}
+    if state.get("environment_file"):
+        try:
+            secrets = _read_env_file(Path(state["environment_file"]))
+        except (OSError, ValueError):
+            return {"name": name, "restored": False, "why": "its secrets file is gone"}
+    main_record_path(run_dir, name).unlink(missing_ok=True)
+    _log_line(log, "restoring the service after a restart of its container or host")
+    os.environ.update(secrets)
+    try:
+        unasked = tuple(n for n in SECRET_ENV if n not in secrets)
+        started = _start_supervisor(
+            name,
+            run_dir,
+            launcher,
+            log,
+            float(state.get("restart_delay_s") or DEFAULT_RESTART_DELAY_S),
+            unasked,
+        )
+    finally:
+        for key in secrets:
+            os.environ.pop(key, None)
+    state.update(started, boot_id=procs.boot_id(), restored_at=time.time())
+    write_json_atomic(record_path(run_dir, name), state)
+    return {"name": name, "restored": True, **started}
+
+
+def boot(run_dir: Path) -> list[dict[str, Any]]:
+    """restore() every service recorded in run_dir that asked for it (deployed in the stage
+    container): the stage container's command runs this when it starts."""
+    results = []
+    for path in sorted(Path(run_dir).glob(f"*{RECORD_SUFFIX}")):
+        state = read_json(path) or {}
+        if not state.get("restored_by_boot") or not state.get("name"):
+            continue
+        try:
+            results.append(restore(state["name"], run_dir))
+        except (OSError, ServiceError) as exc:
+            results.append({"name": state["name"], "restored": False, "why": str(exc)})
+    return results
 
 
 def status(name: str, run_dir: Path) -> dict[str, Any]:
@@ -600,6 +686,13 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--keep", action="store_true", help="stop only: keep the unit and the record")
 
+    p = sub.add_parser(
+        "boot",
+        help="start again the supervisors of the services deployed in specfleet's stage "
+        "container (its command runs this when the container starts)",
+    )
+    p.add_argument("--run-dir", type=Path, required=True, help="where the records are kept")
+
     p = sub.add_parser("supervise", help=argparse.SUPPRESS)
     common(p)
     p.add_argument("--launcher", type=Path, required=True)
@@ -613,6 +706,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         if args.command == "supervise":
             return supervise(args.name, args.run_dir, args.launcher, args.log, args.restart_delay_s)
+        if args.command == "boot":
+            for line in boot(args.run_dir):
+                print(json.dumps(line, sort_keys=True))
+            return 0
         if args.command == "deploy":
             result = deploy(
                 args.name,
