@@ -21,23 +21,10 @@ import pytest
 from procutil import HELPERS, pid_alive, run_helper, wait_until
 from specfleet_helpers.host import host_probe, service
 
-FAKE_SERVER = r"""
-import http.server, os, signal, subprocess, sys
-port = int(sys.argv[1])
-# Like multiprocessing's resource tracker: a helper that ignores SIGTERM.
-IGNORE = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
-subprocess.Popen([sys.executable, "-c", IGNORE])
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        body = os.environ.get("VLLM_API_KEY", "").encode() if self.path == "/env" else b""
-        self.send_response(200 if self.path in ("/health", "/env") else 404)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
-"""
+# A small HTTP server standing in for vLLM (tests/fixtures/fake_service_server.py).
+FAKE_SERVER = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "fake_service_server.py"
+).read_text()
 
 
 def free_port() -> int:
