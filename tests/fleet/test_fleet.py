@@ -17,7 +17,8 @@ the trained draft's weights deleted on a3-node1 and a serve API key set there. C
   run (with the key, which reaches the server and no file of the work root);
 - a failed rollout (the side effect's last run: a new draft for both, one host per batch,
   a2-node1's new endpoint broken): a2-node1 fails its checks and serves its previous draft
-  again, the rollout stops, a3-node1 is held with its previous draft and the report says why.
+  again, the rollout stops, a3-node1 is held with its previous draft and the report says why;
+- last, a3-node1's server process is killed: its supervisor brings the endpoint back.
 Run by `molecule test -s fleet` (verify), with the hosts of the scenario's inventory.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -362,3 +364,32 @@ def test_the_failed_rollout_stopped_after_its_first_batch():
     )
     assert "still serving its previous draft" in serve["detail"], serve
     assert "serve held" in held["not_green_reason"], held["not_green_reason"]
+
+
+def test_a_killed_server_comes_back_under_its_supervisor(host):
+    """Last (it changes the host): a3-node1's endpoint, held by the rollout, loses its server
+    process; its supervisor starts it again after serve_service_restart_delay_s, and the
+    endpoint answers /health again, with no specfleet run."""
+    if host.backend.get_hostname() != DAMAGED_HOST:
+        pytest.skip(f"one serving host is enough: {DAMAGED_HOST}")
+    root = root_of(host)
+    record = read_json(host, f"{root}/run/serve.service.json")
+    before = read_json(host, f"{root}/run/serve.service.main.json")
+    assert host.run(f"kill -9 {int(before['main_pid'])}").rc == 0
+    health = (
+        "import sys, urllib.request as u; o = u.build_opener(u.ProxyHandler({}));"
+        " print(o.open(sys.argv[1], timeout=5).status)"
+    )
+    url = f"http://{record['host']}:{record['port']}/health"
+    deadline = time.monotonic() + 600
+    while True:
+        now = read_json(host, f"{root}/run/serve.service.main.json")
+        probe = host.run("python3 -c %s %s", health, url)
+        if now["main_pid"] != before["main_pid"] and probe.stdout.strip() == "200":
+            break
+        assert time.monotonic() < deadline, f"the endpoint did not come back: {now}"
+        time.sleep(2)
+    assert now["restarts"] == before["restarts"] + 1, (before, now)
+    assert now["supervisor_pid"] == before["supervisor_pid"], (before, now)
+    log = host.file(f"{root}/logs/serve.service.log").content_string
+    assert f"restart {now['restarts']} in" in log, log[-2000:]
