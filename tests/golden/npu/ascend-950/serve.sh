@@ -122,10 +122,10 @@ rm -f "$PREVIOUS"
 if [ -f "$LAUNCHER" ] && service status | grep -q '"healthy": true'; then
   cp "$LAUNCHER" "$PREVIOUS"
 fi
-# On the hidden-states port, which no stage holds once hidden_states is done, before the service
-# is (re)deployed. The devices hold one verifier at a time, so the endpoint is
-# down meanwhile; only when the reference is not kept (a new verifier, vLLM or server flags: a
-# retrained draft reuses it).
+# The plain verifier's reference, on the hidden-states port (no stage holds it once hidden_states
+# is done), before the service is (re)deployed: the devices hold one verifier at a time, so the
+# endpoint is down meanwhile. Only when the reference is not kept (a new verifier, vLLM or server
+# flags): a retrained draft reuses it.
 if ! plain_kept; then
   service stop >/dev/null
   plain_serve 8001
