@@ -3,7 +3,9 @@
 The specfleet supervisor is exercised for real: the launcher execs a small Python HTTP server
 (GET /health, GET /env answers the API key it sees), with a child that ignores SIGTERM as
 vLLM's multiprocessing resource tracker does. systemd cannot run here as init; its unit text
-is checked here and the unit runs for real in the systemd test host of the integration tests.
+is checked here and the unit runs for real in the systemd test host of the integration tests
+(tests/integration/test_systemd_service.py); `boot` in the stage container, for real, in
+tests/integration/test_container_runtime.py.
 """
 
 from __future__ import annotations
