@@ -14,6 +14,11 @@ export COLUMNS=200
 export ASCEND_LAUNCH_BLOCKING=1
 # Every device the host (or the container's mounts) makes visible; never set it empty.
 unset ASCEND_RT_VISIBLE_DEVICES
+# NPU memory is not shared: an endpoint left serving (serve_mode service) holds the devices this
+# stage needs. It stops here (its record kept); the serve stage deploys it again afterwards.
+if "$PY" -m specfleet_helpers.host.service stop --name serve --run-dir /var/lib/specfleet/run --keep | grep -q '"stopped": true'; then
+  echo "==> stopped the serving endpoint: it holds the NPUs this stage needs (the serve stage deploys it again)"
+fi
 # Checkpoints of other input sets are stale; this set's own are kept so a re-run resumes.
 mkdir -p /var/lib/specfleet/train/checkpoints
 find /var/lib/specfleet/train/checkpoints -mindepth 1 -maxdepth 1 ! -path "$SAVE" -exec rm -rf {} +

@@ -47,6 +47,11 @@ export COLUMNS=200
 # command is this one, and is then stopped here, also when this script fails. (Run by hand, a
 # server a failed run left behind is stopped by the next `server start` of the same name.)
 trap 'server stop >/dev/null 2>&1 || true' EXIT
+# NPU memory is not shared: an endpoint left serving (serve_mode service) holds the devices this
+# stage needs. It stops here (its record kept); the serve stage deploys it again afterwards.
+if "$PY" -m specfleet_helpers.host.service stop --name serve --run-dir /var/lib/specfleet/run --keep | grep -q '"stopped": true'; then
+  echo "==> stopped the serving endpoint: it holds the NPUs this stage needs (the serve stage deploys it again)"
+fi
 rm -rf "$OUT.tmp"
 mkdir -p "$DUMP"
 find "$DUMP" -mindepth 1 -delete
