@@ -229,6 +229,7 @@ def test_the_unit_restarts_always_and_starts_at_boot():
     for line in (
         "ExecStart=/bin/bash /srv/run/serve.service.sh",
         "Restart=always",
+        "KillMode=mixed",
         "RestartSec=5",
         "StartLimitIntervalSec=0",
         "StandardOutput=append:/srv/logs/serve.log",

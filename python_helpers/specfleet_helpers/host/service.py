@@ -139,8 +139,10 @@ def render_unit(
     restart_delay_s: float,
     environment_file: Optional[Path] = None,
 ) -> str:
-    # KillMode=control-group (the default): stopping or restarting the unit ends every process
-    # of the server, its engine processes included.
+    # KillMode=mixed: SIGTERM to the server alone (vLLM's API server shuts its engine processes
+    # down itself), then SIGKILL to whatever of the unit is left. With the default
+    # (control-group) a helper that ignores SIGTERM, as vLLM's resource tracker does, held every
+    # restart after a crash for TimeoutStopSec; the specfleet supervisor stops the same way.
     return (
         "# Written by specfleet (python -m specfleet_helpers.host.service);\n"
         "# redeployed by the serve stage.\n"
@@ -152,6 +154,7 @@ def render_unit(
         "\n"
         "[Service]\n"
         "Type=simple\n"
+        "KillMode=mixed\n"
         + (f"EnvironmentFile={environment_file}\n" if environment_file else "")
         + f"ExecStart=/bin/bash {launcher}\n"
         "Restart=always\n"
