@@ -140,9 +140,9 @@ def render_unit(
     environment_file: Optional[Path] = None,
 ) -> str:
     # KillMode=mixed: SIGTERM to the server alone (vLLM's API server shuts its engine processes
-    # down itself), then SIGKILL to whatever of the unit is left. With the default
-    # (control-group) a helper that ignores SIGTERM, as vLLM's resource tracker does, held every
-    # restart after a crash for TimeoutStopSec; the specfleet supervisor stops the same way.
+    # down itself), then SIGKILL to whatever of the unit is left after TimeoutStopSec, the order
+    # the specfleet supervisor stops in. After a crash a leftover that ignores SIGTERM (vLLM's
+    # resource tracker does) holds the restart until TimeoutStopSec.
     return (
         "# Written by specfleet (python -m specfleet_helpers.host.service);\n"
         "# redeployed by the serve stage.\n"
