@@ -267,6 +267,9 @@ def test_boot_brings_back_what_was_deployed_in_the_stage_container(layout, tmp_p
     # The container stops: every process in it ends at once.
     os.kill(first["supervisor_pid"], signal.SIGKILL)
     os.killpg(first["main_pid"], signal.SIGKILL)
+    # deploy() ran in this process, so the supervisor is its child: reap it, or it stays a
+    # zombie that still looks like the same process (a container's init reaps it there).
+    os.waitpid(first["supervisor_pid"], 0)
     assert wait_until(lambda: not service.status("serve", layout["run"])["running"], timeout=10)
 
     restored = service.boot(layout["run"])
