@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup run check bench lint docs unit integration test-reliability molecule molecule-local molecule-container test-hosts-deps test-images test clean
+.PHONY: setup run check bench lint docs unit integration test-reliability molecule molecule-local molecule-container test-hosts-deps test-images browser-deps test clean
 
 setup:  ## controller venv (ansible-core, molecule, testinfra, linters) + collections
 	@scripts/setup-controller
@@ -31,7 +31,7 @@ docs: setup  ## regenerate roles/*/README.md from each role's meta/argument_spec
 
 # Two workers, one module each at a time (a module's fixtures, such as the tiny models, built once).
 UNIT_WORKERS ?= 2
-unit: setup
+unit: setup browser-deps
 	$(BIN)/python -m pytest -n $(UNIT_WORKERS) --dist loadfile tests/unit
 
 # Two workers, one test module each at a time (--dist loadfile keeps a module's shared runs and
@@ -55,6 +55,9 @@ molecule-local: setup  ## the whole CPU pipeline on localhost: converge, idempot
 
 test-hosts-deps:  ## what scripts/test-hosts needs (root): sshd, ip, unshare
 	@scripts/test-hosts deps
+
+browser-deps:  ## Debian's chromium (root), for the fleet.html tests in a real headless browser (Playwright drives it)
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
 
 test-images:  ## container engines and test images (root): podman + runc, Debian's docker.io (dockerd started), images built from a debootstrap rootfs
 	@scripts/test-images deps

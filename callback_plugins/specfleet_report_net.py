@@ -214,6 +214,7 @@ class CallbackModule(CallbackBase):
                 f"--input={out / 'hosts.json'}",
                 f"--out-dir={out}",
                 f"--latest={base / 'latest'}",
+                f"--index={base}",
             ],
             env=env,
             capture_output=True,

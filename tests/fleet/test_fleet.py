@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+import markupsafe
 import pytest
 import yaml
 
@@ -203,9 +205,23 @@ def test_reports_hold_no_secrets():
     ]
     assert leaks == [], f"the serve API key is in {leaks}"
     for report in reports():
-        for name in ("fleet.json", "fleet.md", "junit.xml", "hosts.json"):
+        for name in ("fleet.json", "fleet.md", "fleet.html", "junit.xml", "hosts.json"):
             text = (Path(report["_dir"]) / name).read_text()
             assert "VLLM_API_KEY=" not in text and "MODELSCOPE_API_TOKEN=" not in text
+
+
+def test_every_report_has_its_page_and_the_index_lists_them_newest_first():
+    dirs = [Path(r["_dir"]).name for r in reports()]
+    assert all((REPORTS / d / "fleet.html").is_file() for d in dirs)
+    index = (REPORTS / "index.html").read_text()
+    listed = re.findall(r'data-report="([^"]+)"', index)
+    assert listed == sorted(dirs, reverse=True)
+    # the failed run's page shows the broken host failed, with its re-run command
+    failed = next(r for r in reports() if not by_host(r).get(BROKEN_HOST, {}).get("green", True))
+    page = (Path(failed["_dir"]) / "fleet.html").read_text()
+    assert f'data-host="{BROKEN_HOST}"' in page and 'data-green="no"' in page
+    rerun = by_host(failed)[BROKEN_HOST]["rerun"]
+    assert str(markupsafe.escape(rerun)) in page
 
 
 # --- per host -----------------------------------------------------------------------------

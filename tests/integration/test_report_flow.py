@@ -86,7 +86,12 @@ def closed_port() -> int:
 
 
 def play(
-    work: Path, label: str, extravars: tuple[str, ...], *options: str, inventory: Path = INVENTORY
+    work: Path,
+    label: str,
+    extravars: tuple[str, ...],
+    *options: str,
+    inventory: Path = INVENTORY,
+    env: dict[str, str] | None = None,
 ) -> Run:
     root, reports = work / "root", work / "reports"
     argv = [str(ANSIBLE_PLAYBOOK), str(SITE), "-i", str(inventory), *options]
@@ -97,7 +102,7 @@ def play(
         proc = subprocess.run(
             argv,
             cwd=REPO,
-            env=playbook_env(),
+            env={**playbook_env(), **(env or {})},
             capture_output=True,
             text=True,
             timeout=RUN_TIMEOUT_S,
@@ -180,6 +185,16 @@ def serve_only(tmp: Path) -> Run:
     return play(tmp / "serve-only", "serve-only", relaxed(), "--tags", "serve")
 
 
+def recorded_by_ara(tmp: Path) -> Run:
+    """npu_env on a fresh root with ARA on, its database under the run's directory."""
+    work = tmp / "ara"
+    settings = {
+        "SPECFLEET_ARA": "1",
+        "SPECFLEET_ARA_DATABASE": str(work / "ara" / "ansible.sqlite"),
+    }
+    return play(work, "ara", relaxed(), "--tags", "npu_env", env=settings)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[Any]]]:
     if not os.access(ANSIBLE_PLAYBOOK, os.X_OK):
@@ -192,6 +207,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[
             "refused": pool.submit(refused, tmp),
             "unreachable": pool.submit(unreachable, tmp),
             "lost": pool.submit(lost_mid_run, tmp),
+            "ara": pool.submit(recorded_by_ara, tmp),
         }
         yield futures
 
@@ -404,3 +420,38 @@ def test_every_stage_takes_its_upstream_from_the_one_declaration(tmp_path: Path)
     # A stage whose upstream has no run id in this play is named missing.
     got = derive(tmp_path, ["serve"], specfleet_stage_runs={"speculators_install": "x"})["serve"]
     assert got["missing"] == ["models", "train"], got
+
+
+def ara(database: Path, *args: str) -> Any:
+    """ARA's own CLI (`ara ... -f json`) on the offline database the run wrote."""
+    env = {**os.environ, "ARA_DATABASE_NAME": str(database), "ARA_BASE_DIR": str(database.parent)}
+    done = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ara"), *args, "-f", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"ara {' '.join(args)}: {done.stderr[-2000:]}"
+    return json.loads(done.stdout)
+
+
+def test_ara_records_the_run_and_its_cli_reads_it_back(runs: dict[str, Future[Any]]) -> None:
+    run = runs["ara"].result()
+    database = run.root.parent / "ara" / "ansible.sqlite"
+    assert database.is_file(), run.tail()
+    playbooks = ara(database, "playbook", "list")
+    assert len(playbooks) == 1, playbooks
+    recorded = playbooks[0]
+    assert recorded["path"] == str(SITE)
+    assert recorded["status"] == ("completed" if run.rc == 0 else "failed"), run.tail()
+    hosts = ara(database, "host", "list", "--playbook", str(recorded["id"]))
+    assert [h["name"] for h in hosts] == [HOST]
+    tasks = ara(database, "task", "list", "--playbook", str(recorded["id"]), "--limit", "1000")
+    names = {t["name"] for t in tasks}
+    # the plays' own tasks, from npu_env's checks to the report
+    assert any("Check the CPU-profile host" in n for n in names), sorted(names)
+    assert any("fleet report" in n for n in names), sorted(names)
+    results = ara(database, "result", "list", "--playbook", str(recorded["id"]), "--limit", "1000")
+    assert len(results) >= len(tasks) - 5 and all(r["duration"] is not None for r in results)

@@ -612,19 +612,22 @@ def test_malformed_artifact_junit_exits_2(tmp_path, capsys):
     assert "artifacts.xml" in result.err and "pytest junit XML" in result.err
 
 
+REPORT_FILES = ["fleet.html", "fleet.json", "fleet.md", "junit.xml"]
+
+
 def test_atomic_writes_leave_no_temp_files(tmp_path):
     out = tmp_path / "report"
     out.mkdir()
     (out / "fleet.json").write_text("stale")
     run(tmp_path, failed_fleet())
-    assert sorted(p.name for p in out.iterdir()) == ["fleet.json", "fleet.md", "junit.xml"]
+    assert sorted(p.name for p in out.iterdir()) == REPORT_FILES
     assert fleet_json(out)["schema"] == "specfleet.fleet/1"
 
     # the report writes through files.atomic_path, as every helper does
     with pytest.raises(OSError), fleet_report.atomic_path(out / "fleet.json") as tmp:
         tmp.write_text('{"schema": "specf')
         raise OSError("disk full")
-    assert sorted(p.name for p in out.iterdir()) == ["fleet.json", "fleet.md", "junit.xml"]
+    assert sorted(p.name for p in out.iterdir()) == REPORT_FILES
     assert fleet_json(out)["schema"] == "specfleet.fleet/1"  # the complete file is untouched
 
 

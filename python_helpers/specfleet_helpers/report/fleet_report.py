@@ -1,11 +1,12 @@
-"""Turn one run over a fleet into a report: fleet.json, fleet.md and junit.xml.
+"""Turn one run over a fleet into a report: fleet.json, fleet.md, fleet.html and junit.xml.
 
 A play collects, per host, what this run did to each stage and what the host's work root
 holds (stamps, failure records, npu_env.json, the stack versions) into one JSON document.
 This module decides, per host and stage, passed | failed | skipped | not reached |
-unreachable, whether each host and the fleet are green, and writes three views of it: a
+unreachable, whether each host and the fleet are green, and writes four views of it: a
 machine-readable fleet.json (schema "specfleet.fleet/1", see docs/fleet-report.md), a
-fleet.md to read at a glance, and a junit.xml that any CI renders. The optional pytest
+fleet.md to read at a glance, a fleet.html to open in a browser (fleet_html), and a junit.xml
+that any CI renders. The optional pytest
 junit XML of the testinfra artifact suite is mapped to hosts and folded in.
 
 It never decides what to fail: it exits 0 whenever the files were written, green or not,
@@ -23,30 +24,39 @@ import os
 import re
 import sys
 import xml.etree.ElementTree as ET
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import jinja2
 import jsonschema
 
-from specfleet_helpers.files import atomic_path, strip_ansi, write_atomic
+from specfleet_helpers.files import atomic_path, write_atomic
+from specfleet_helpers.report import fleet_html
+from specfleet_helpers.report.formats import (
+    DAMAGED,
+    FAILED,
+    NO_GROUP,
+    NOT_REACHED,
+    PASSED,
+    SKIPPED,
+    STALE,
+    UNREACHABLE,
+    UNVERIFIED,
+    artifact_cell,
+    clean_text,
+    fmt_bytes,
+    fmt_num,
+    fmt_seconds,
+    is_number,
+    number_format,
+    parse_time,
+    stage_cell,
+)
 
 SCHEMA = "specfleet.fleet/1"
 # Input and output, as JSON Schema: the checkout's docs/ (this runs on the controller).
 SCHEMA_FILE = Path(__file__).resolve().parents[3] / "docs" / "fleet-report.schema.json"
 FLEET_GROUPS = ("atlas-a2", "atlas-a3", "ascend-950")
-NO_GROUP = "ungrouped"
-PASSED, FAILED, SKIPPED, NOT_REACHED, UNREACHABLE = (
-    "passed",
-    "failed",
-    "skipped",
-    "not reached",
-    "unreachable",
-)
-# A stamp whose files or facts no longer verify (checks/stage_verify.py), one built from an
-# upstream run that has since been redone, one nothing could verify: none of them is passed.
-DAMAGED, STALE, UNVERIFIED = "damaged", "stale", "unverified"
 # The values the hosts ran with, read from the stamps' inputs: (setting, stage, keys...).
 EFFECTIVE_SETTINGS = (
     ("num_speculative_tokens", "serve", "speculative_config", "num_speculative_tokens"),
@@ -58,8 +68,6 @@ EFFECTIVE_SETTINGS = (
 )
 VERSION_KEYS = ("vllm", "vllm-ascend", "torch", "torch_npu", "transformers")
 MAX_NAMES = 10  # hosts named in the verdict line before "and N more"
-
-XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 class InputError(ValueError):
@@ -84,10 +92,6 @@ def _kind(value: Any) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _schema(name: str) -> dict[str, Any]:
@@ -202,16 +206,6 @@ def _get(obj: Any, *keys: str) -> Any:
     return obj
 
 
-def _time(value: Any) -> Optional[datetime]:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
-
-
 def _first_line(text: Optional[str]) -> str:
     lines = (text or "").strip().splitlines()
     return lines[0].strip() if lines else ""
@@ -226,11 +220,6 @@ def _group(groups: list[str]) -> Optional[str]:
 
 def _group_rank(group: Optional[str]) -> int:
     return FLEET_GROUPS.index(group) if group in FLEET_GROUPS else len(FLEET_GROUPS)
-
-
-def _clean_text(text: str) -> str:
-    """Without ANSI escapes and characters XML 1.0 cannot carry."""
-    return XML_INVALID.sub("", strip_ansi(text))
 
 
 def _finite(value: Any) -> Any:
@@ -252,7 +241,7 @@ def _failure_is_newer(failure: dict[str, Any], stamp: Optional[dict[str, Any]]) 
     times cannot be compared, a stamp with an end time wins (a failure without time, too)."""
     if stamp is None:
         return True
-    failed_at, ended = _time(failure.get("time")), _time(stamp.get("ended"))
+    failed_at, ended = parse_time(failure.get("time")), parse_time(stamp.get("ended"))
     if failed_at is None:
         return False
     if ended is None:
@@ -292,6 +281,8 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
             "log": None,
             "rerun": None,
             "log_tail": [],
+            "this_run": None,
+            "ended": None,
         }
         entry = host["run"].get(stage)
         stamp = stamps.get(stage)
@@ -300,7 +291,10 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
             stamp = {"ended": None}
         if entry is not None:
             status, reason = entry["status"], entry.get("reason")
+            ended = (failures.get(stage) or {}).get("time") if status == "failed" else None
             rec.update(
+                this_run=status,
+                ended=ended or (stamp or {}).get("ended"),
                 reason=reason,
                 duration_s=entry.get("duration_s"),
                 log=entry.get("log"),
@@ -332,6 +326,7 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
             rec.update(
                 status=FAILED,
                 detail=f"failed in an earlier run at {at}",
+                ended=failure.get("time"),
                 error=failure.get("error"),
                 log=failure.get("log"),
                 rerun=failure.get("rerun"),
@@ -341,6 +336,7 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
             rec.update(
                 status=PASSED,
                 detail=f"earlier run, ended {stamp.get('ended') or 'at an unknown time'}",
+                ended=stamp.get("ended"),
                 duration_s=stamp.get("duration_s"),
                 reason=stamp.get("reason") if isinstance(stamp.get("reason"), str) else None,
             )
@@ -467,11 +463,11 @@ def _devices(env: dict[str, Any], profile: Optional[str]) -> Optional[str]:
         return None
     npu = env.get("npu") if isinstance(env.get("npu"), dict) else {}
     count = npu.get("device_count") or npu.get("npu_count") or 0
-    if _is_number(count) and count > 0:
+    if is_number(count) and count > 0:
         chips = npu.get("chip_names") or []
         family = npu.get("family") or (chips[0] if chips else None) or "NPU"
         text = f"{fmt_num(count)} x {family}"
-        hbm = [m for m in npu.get("hbm_total_mb") or [] if _is_number(m)]
+        hbm = [m for m in npu.get("hbm_total_mb") or [] if is_number(m)]
         if hbm and len(set(hbm)) == 1:
             text += f", {fmt_num(hbm[0])} MB HBM each"
         elif hbm:
@@ -481,9 +477,9 @@ def _devices(env: dict[str, Any], profile: Optional[str]) -> Optional[str]:
         return text
     cores, ram = env.get("cpu_count"), env.get("ram_total_gb")
     parts = []
-    if _is_number(cores):
+    if is_number(cores):
         parts.append(f"{fmt_num(cores)} cores")
-    if _is_number(ram):
+    if is_number(ram):
         parts.append(f"{float(ram):.1f} GB RAM")
     isa = _get(env, "stack", "cpu_isa")
     text = "cpu: " + (", ".join(parts) or "unknown")
@@ -690,7 +686,7 @@ def controller_sources(hosts: list[dict[str, Any]]) -> dict[str, Any]:
             wheel_hosts.append(h["name"])
             wheels_pushed += wh.get("pushed_bytes") or 0
         if s["sources"].get("models") == "controller":
-            size = sum(b for b in s["model_bytes"].values() if _is_number(b))
+            size = sum(b for b in s["model_bytes"].values() if is_number(b))
             models_bytes[size] = None
             model_hosts.append(h["name"])
             models_pushed += size
@@ -713,7 +709,7 @@ def controller_sources(hosts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def md_text(value: Any) -> str:
     """Plain text safe in markdown prose and table cells."""
-    text = " ".join(_clean_text(str(value)).split())
+    text = " ".join(clean_text(str(value)).split())
     text = re.sub(r"([\\`*<>\[\]|])", r"\\\1", text)
     return re.sub(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])", r"\_", text)
 
@@ -730,65 +726,10 @@ def md_code(value: Any) -> str:
 
 
 def md_block(lines: list[str], info: str = "text") -> list[str]:
-    body = [_clean_text(line).rstrip("\n") for line in lines]
+    body = [clean_text(line).rstrip("\n") for line in lines]
     longest = max((len(run) for line in body for run in re.findall(r"`{3,}", line)), default=0)
     fence = "`" * max(3, longest + 1)
     return [f"{fence}{info}", *body, fence]
-
-
-def fmt_seconds(value: Any) -> str:
-    if not _is_number(value) or not math.isfinite(value):
-        return "-"
-    if value < 60:
-        return f"{value:.1f}s"
-    minutes, seconds = divmod(round(value), 60)
-    if minutes < 60:
-        return f"{minutes}m {seconds:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m"
-
-
-def fmt_num(value: Any) -> str:
-    if not _is_number(value):
-        return "-"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
-def fmt_bytes(value: Any) -> str:
-    if not _is_number(value):
-        return "-"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= size:
-            return f"{value / size:.1f} {unit}"
-    return f"{fmt_num(value)} B"
-
-
-def stage_cell(rec: dict[str, Any]) -> str:
-    status = rec["status"]
-    if status == PASSED:
-        if rec["detail"] == "up to date":
-            return "up to date"
-        return (
-            f"passed {fmt_seconds(rec['duration_s'])}"
-            if _is_number(rec["duration_s"])
-            else "passed"
-        )
-    if status == FAILED:
-        return "FAILED"
-    if status == SKIPPED and rec["detail"].startswith("would run"):
-        return "would run"
-    return status
-
-
-def artifact_cell(tests: dict[str, Any]) -> str:
-    if not tests.get("ran"):
-        return "-"
-    if tests["failed"]:
-        return f"{tests['failed']} failed"
-    cell = f"{tests['passed']}/{tests['passed'] + tests['failed']}"
-    return cell + (f", {tests['skipped']} skipped" if tests["skipped"] else "")
 
 
 def _names(items: list[str]) -> str:
@@ -796,31 +737,39 @@ def _names(items: list[str]) -> str:
     return shown + (f" and {len(items) - MAX_NAMES} more" if len(items) > MAX_NAMES else "")
 
 
-def verdict(report: dict[str, Any]) -> str:
+def _bold(text: str) -> str:
+    return f"**{text}**"
+
+
+def verdict(
+    report: dict[str, Any],
+    text: Callable[[str], str] = md_text,
+    strong: Callable[[str], str] = _bold,
+) -> str:
+    """The verdict line: markdown by default; `text` escapes names, `strong` marks the word
+    GREEN or NOT GREEN (plain text with str and str)."""
     hosts = report["hosts"]
     total = len(hosts)
     if not hosts:
-        return "**NOT GREEN**: the report has no hosts"
+        return f"{strong('NOT GREEN')}: the report has no hosts"
     if report["green"]:
-        return f"**GREEN**: {total} of {total} hosts passed every stage"
+        return f"{strong('GREEN')}: {total} of {total} hosts passed every stage"
     failed, unreachable, incomplete = [], [], []
     for h in hosts:
         if h["green"]:
             continue
-        name = md_text(h["name"])
+        name = text(h["name"])
         tests_failed = h["artifact_tests"].get("failed") or 0
-        damaged = [
-            md_text(s) + " damaged" for s, r in h["stages"].items() if r["status"] == DAMAGED
-        ]
+        damaged = [text(s) + " damaged" for s, r in h["stages"].items() if r["status"] == DAMAGED]
         if not h["reachable"] and not h["failed_stage"]:
             unreachable.append(name)
         elif h["failed_stage"] or tests_failed or damaged:
-            what = ([md_text(h["failed_stage"])] if h["failed_stage"] else []) + damaged
+            what = ([text(h["failed_stage"])] if h["failed_stage"] else []) + damaged
             if tests_failed:
                 what.append(f"{tests_failed} artifact test{'s' if tests_failed != 1 else ''}")
             failed.append(f"{name}: {', '.join(what)}")
         else:
-            incomplete.append(f"{name}: {md_text(h['not_green_reason'])}")
+            incomplete.append(f"{name}: {text(h['not_green_reason'])}")
     parts = []
     for label, items in (
         ("failed", failed),
@@ -833,11 +782,12 @@ def verdict(report: dict[str, Any]) -> str:
     if report.get("ended_early"):
         parts.append("the run ended before its report")
     prefix = "check mode, " if report["check_mode"] else ""
-    return f"**NOT GREEN**: {prefix}{'; '.join(parts)}"
+    return f"{strong('NOT GREEN')}: {prefix}{'; '.join(parts)}"
 
 
-def source_lines(report: dict[str, Any]) -> list[str]:
-    """What the controller fetched once and pushed, one markdown list item per source."""
+def source_lines(report: dict[str, Any], text: Callable[[str], str] = md_text) -> list[str]:
+    """What the controller fetched once and pushed, one markdown list item per source (`text`
+    escapes the host names)."""
     sources = report.get("controller_sources") or {}
     lines = []
     for kind, label in (("wheelhouse", "Wheelhouse"), ("models", "Models")):
@@ -846,13 +796,9 @@ def source_lines(report: dict[str, Any]) -> list[str]:
             lines.append(
                 f"- {label}: {fmt_bytes(src['fetched_bytes'])} fetched once on the controller; "
                 f"{fmt_bytes(src['pushed_bytes'])} pushed to {len(src['hosts'])} host(s) "
-                f"({md_text(', '.join(src['hosts']))}), when their stage last ran"
+                f"({text(', '.join(src['hosts']))}), when their stage last ran"
             )
     return lines
-
-
-def _fmt(spec: str, scale: float = 1, suffix: str = "") -> Callable[[Any], str]:
-    return lambda v: f"{v * scale:{spec}}{suffix}" if _is_number(v) else "-"
 
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -868,22 +814,22 @@ MARKDOWN.filters.update(
     md_text=md_text,
     md_code=md_code,
     md_block=md_block,
-    clean_text=_clean_text,
+    clean_text=clean_text,
     fmt_seconds=fmt_seconds,
     fmt_num=fmt_num,
     fmt_bytes=fmt_bytes,
-    fmt_loss=_fmt(".4g"),
-    fmt_percent=_fmt(".1f", 100, "%"),
-    fmt_fixed2=_fmt(".2f"),
-    fmt_ratio=_fmt(".2f", 1, "x"),
-    fmt_rate=_fmt(".1f"),
+    fmt_loss=number_format(".4g"),
+    fmt_percent=number_format(".1f", 100, "%"),
+    fmt_fixed2=number_format(".2f"),
+    fmt_ratio=number_format(".2f", 1, "x"),
+    fmt_rate=number_format(".1f"),
     fmt_positions=lambda v: (
-        " / ".join(f"{x * 100:.0f}%" for x in v if _is_number(x))
+        " / ".join(f"{x * 100:.0f}%" for x in v if is_number(x))
         if isinstance(v, list) and v
         else "-"
     ),
     fmt_lossless=lambda v: {True: "passed", False: "**FAILED**", None: "-"}.get(v, "-"),
-    any_number=lambda values: any(_is_number(v) for v in values),
+    any_number=lambda values: any(is_number(v) for v in values),
     tojson_compact=json.dumps,
     stage_cell=stage_cell,
     artifact_cell=artifact_cell,
@@ -905,11 +851,11 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def _xml(value: Any) -> str:
-    return _clean_text(str(value))
+    return clean_text(str(value))
 
 
 def _seconds(value: Any) -> float:
-    return float(value) if _is_number(value) and math.isfinite(value) else 0.0
+    return float(value) if is_number(value) and math.isfinite(value) else 0.0
 
 
 def render_junit(
@@ -985,13 +931,24 @@ def write_report(
 ) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = render_markdown(report)
+    page = fleet_html.render_html(
+        report,
+        verdict=verdict(report, text=str, strong=str),
+        sources=[line.removeprefix("- ") for line in source_lines(report, text=str)],
+    )
     tree = render_junit(report, artifacts)
     document = json.dumps(_finite(report), indent=2, ensure_ascii=False) + "\n"
     with atomic_path(out_dir / "junit.xml") as tmp:
         tree.write(tmp, encoding="utf-8", xml_declaration=True)
     write_atomic(out_dir / "fleet.md", markdown)
-    # fleet.json last: when it is complete, so are the other two
+    write_atomic(out_dir / "fleet.html", page)
+    # fleet.json last: when it is complete, so are the others
     write_atomic(out_dir / "fleet.json", document)
+
+
+def write_index(reports_dir: Path) -> None:
+    """reports_dir/index.html: every report in reports_dir, newest first."""
+    write_atomic(reports_dir / "index.html", fleet_html.render_index(reports_dir))
 
 
 def point_latest(link: Path, report_dir: Path) -> None:
@@ -1026,6 +983,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="once the report is written, point this symlink at --out-dir (e.g. reports/latest)",
     )
     parser.add_argument(
+        "--index",
+        type=Path,
+        help="once the report is written, rewrite INDEX/index.html: every report directory in"
+        " INDEX, newest first (e.g. the reports directory)",
+    )
+    parser.add_argument(
         "--artifact-junit",
         type=Path,
         help="pytest junit XML of the testinfra artifact suite run against the hosts",
@@ -1054,6 +1017,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         write_report(report, artifacts, args.out_dir)
         if args.latest is not None:
             point_latest(args.latest, args.out_dir)
+        if args.index is not None:
+            write_index(args.index)
     except OSError as exc:
         print(f"fleet_report: cannot write the report to {args.out_dir}: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,100 @@
+"""What every view of the fleet report shares: the stage statuses, and how values read in a
+report (seconds, counts, bytes, a stage's cell), for fleet.md, fleet.html and junit.xml alike."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime, timezone
+from typing import Any, Callable, Optional
+
+from specfleet_helpers.files import strip_ansi
+
+NO_GROUP = "ungrouped"
+PASSED, FAILED, SKIPPED, NOT_REACHED, UNREACHABLE = (
+    "passed",
+    "failed",
+    "skipped",
+    "not reached",
+    "unreachable",
+)
+# A stamp whose files or facts no longer verify (checks/stage_verify.py), one built from an
+# upstream run that has since been redone, one nothing could verify: none of them is passed.
+DAMAGED, STALE, UNVERIFIED = "damaged", "stale", "unverified"
+XML_INVALID = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parse_time(value: Any) -> Optional[datetime]:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def clean_text(text: str) -> str:
+    """Without ANSI escapes and characters XML 1.0 cannot carry."""
+    return XML_INVALID.sub("", strip_ansi(text))
+
+
+def number_format(spec: str, scale: float = 1, suffix: str = "") -> Callable[[Any], str]:
+    return lambda v: f"{v * scale:{spec}}{suffix}" if is_number(v) else "-"
+
+
+def fmt_seconds(value: Any) -> str:
+    if not is_number(value) or not math.isfinite(value):
+        return "-"
+    if value < 60:
+        return f"{value:.1f}s"
+    minutes, seconds = divmod(round(value), 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+def fmt_num(value: Any) -> str:
+    if not is_number(value):
+        return "-"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def fmt_bytes(value: Any) -> str:
+    if not is_number(value):
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:.1f} {unit}"
+    return f"{fmt_num(value)} B"
+
+
+def stage_cell(rec: dict[str, Any]) -> str:
+    status = rec["status"]
+    if status == PASSED:
+        if rec["detail"] == "up to date":
+            return "up to date"
+        return (
+            f"passed {fmt_seconds(rec['duration_s'])}" if is_number(rec["duration_s"]) else "passed"
+        )
+    if status == FAILED:
+        return "FAILED"
+    if status == SKIPPED and rec["detail"].startswith("would run"):
+        return "would run"
+    return status
+
+
+def artifact_cell(tests: dict[str, Any]) -> str:
+    if not tests.get("ran"):
+        return "-"
+    if tests["failed"]:
+        return f"{tests['failed']} failed"
+    cell = f"{tests['passed']}/{tests['passed'] + tests['failed']}"
+    return cell + (f", {tests['skipped']} skipped" if tests["skipped"] else "")
