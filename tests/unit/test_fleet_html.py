@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import datetime, timedelta, timezone
 from html.parser import HTMLParser
 from pathlib import Path
@@ -259,6 +260,37 @@ def test_the_index_lists_every_report_newest_first(tmp_path):
     links = [e["attrs"]["href"] for e in index.elements if e["tag"] == "a"]
     assert "20261202T100000Z-bbbbbb/fleet.html" in links
     assert index.loads == []
+
+
+def test_older_reports_are_pruned_keeping_latest_and_this_one(tmp_path):
+    reports = tmp_path / "reports"
+    ids = [f"2026120{day}T100000Z-{day:06x}" for day in range(1, 6)]
+    for report_id in ids:
+        source = tmp_path / f"{report_id}.json"
+        source.write_text(json.dumps({**green_fleet(), "report_id": report_id}))
+        argv = ["--input", str(source), "--out-dir", str(reports / report_id)]
+        argv += ["--latest", str(reports / "latest")]
+        assert fleet_report.main([*argv, "--index", str(reports), "--keep", "2"]) == 0
+    (reports / "notes").mkdir()  # not a report id: never touched
+    # `latest` pointing at an old report (a --tags run elsewhere moved it) is kept too
+    (reports / "latest").unlink()
+    (reports / "latest").symlink_to(ids[3])
+    source = tmp_path / "new.json"
+    source.write_text(json.dumps({**green_fleet(), "report_id": "20261206T100000Z-abcdef"}))
+    argv = ["--input", str(source), "--out-dir", str(reports / "20261206T100000Z-abcdef")]
+    assert fleet_report.main([*argv, "--index", str(reports), "--keep", "2"]) == 0
+    left = sorted(p.name for p in reports.iterdir() if p.is_dir() and not p.is_symlink())
+    assert left == [ids[3], ids[4], "20261206T100000Z-abcdef", "notes"]
+    listed = re.findall(r'data-report="([^"]+)"', (reports / "index.html").read_text())
+    assert listed == ["20261206T100000Z-abcdef", ids[4], ids[3]]
+
+
+def test_keep_needs_a_count_and_an_index(tmp_path):
+    source = tmp_path / "in.json"
+    source.write_text(json.dumps(green_fleet()))
+    with pytest.raises(SystemExit) as exited:
+        fleet_report.main(["--input", str(source), "--out-dir", str(tmp_path / "r"), "--keep", "3"])
+    assert exited.value.code == 2
 
 
 # --- in a real browser -------------------------------------------------------------------------

@@ -171,25 +171,11 @@ HTML = jinja2.Environment(
     autoescape=True,
 )
 HTML.filters.update(
-    fmt_seconds=formats.fmt_seconds,
-    fmt_num=formats.fmt_num,
-    fmt_bytes=formats.fmt_bytes,
-    fmt_loss=formats.number_format(".4g"),
-    fmt_percent=formats.number_format(".1f", 100, "%"),
-    fmt_fixed2=formats.number_format(".2f"),
-    fmt_ratio=formats.number_format(".2f", 1, "x"),
-    fmt_rate=formats.number_format(".1f"),
-    fmt_positions=lambda v: (
-        " / ".join(f"{x * 100:.0f}%" for x in v if _number(x)) if isinstance(v, list) and v else "-"
-    ),
+    formats.FILTERS,
     fmt_lossless=lambda v: {True: "passed", False: "FAILED", None: "-"}.get(v, "-"),
     css_status=css_status,
-    stage_cell=formats.stage_cell,
-    artifact_cell=formats.artifact_cell,
     percent=_percent,
-    clean_text=formats.clean_text,
     sort_number=lambda v: f"{v:.6g}" if _number(v) else "",
-    tojson_compact=json.dumps,
 )
 
 

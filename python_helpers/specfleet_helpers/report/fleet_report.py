@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -35,6 +36,7 @@ from specfleet_helpers.report import fleet_html
 from specfleet_helpers.report.formats import (
     DAMAGED,
     FAILED,
+    FILTERS,
     NO_GROUP,
     NOT_REACHED,
     PASSED,
@@ -42,15 +44,11 @@ from specfleet_helpers.report.formats import (
     STALE,
     UNREACHABLE,
     UNVERIFIED,
-    artifact_cell,
     clean_text,
     fmt_bytes,
     fmt_num,
-    fmt_seconds,
     is_number,
-    number_format,
     parse_time,
-    stage_cell,
 )
 
 SCHEMA = "specfleet.fleet/1"
@@ -811,28 +809,12 @@ MARKDOWN = jinja2.Environment(
     autoescape=False,  # markdown, escaped by md_text and md_code
 )
 MARKDOWN.filters.update(
+    FILTERS,
     md_text=md_text,
     md_code=md_code,
     md_block=md_block,
-    clean_text=clean_text,
-    fmt_seconds=fmt_seconds,
-    fmt_num=fmt_num,
-    fmt_bytes=fmt_bytes,
-    fmt_loss=number_format(".4g"),
-    fmt_percent=number_format(".1f", 100, "%"),
-    fmt_fixed2=number_format(".2f"),
-    fmt_ratio=number_format(".2f", 1, "x"),
-    fmt_rate=number_format(".1f"),
-    fmt_positions=lambda v: (
-        " / ".join(f"{x * 100:.0f}%" for x in v if is_number(x))
-        if isinstance(v, list) and v
-        else "-"
-    ),
     fmt_lossless=lambda v: {True: "passed", False: "**FAILED**", None: "-"}.get(v, "-"),
     any_number=lambda values: any(is_number(v) for v in values),
-    tojson_compact=json.dumps,
-    stage_cell=stage_cell,
-    artifact_cell=artifact_cell,
     not_passed=lambda h: [
         (s, r) for s, r in h["stages"].items() if r["status"] not in (PASSED, FAILED, UNREACHABLE)
     ],
@@ -946,6 +928,31 @@ def write_report(
     write_atomic(out_dir / "fleet.json", document)
 
 
+REPORT_ID = re.compile(r"^\d{8}T\d{6}Z-[0-9a-f]+$")
+
+
+def prune_reports(reports_dir: Path, keep: int, current: Path) -> list[str]:
+    """Remove the report directories of reports_dir beyond the newest `keep` (report ids sort
+    by time), never `current` nor the one `latest` points at; the names removed. Only
+    directories named like a report id are touched."""
+    kept = {current.resolve()}
+    latest = reports_dir / "latest"
+    if latest.is_symlink():
+        kept.add(latest.resolve())
+    reports = sorted(
+        (p for p in reports_dir.iterdir() if p.is_dir() and not p.is_symlink()),
+        key=lambda p: p.name,
+        reverse=True,
+    )
+    removed = []
+    for path in [p for p in reports if REPORT_ID.match(p.name)][keep:]:
+        if path.resolve() in kept:
+            continue
+        shutil.rmtree(path)
+        removed.append(path.name)
+    return removed
+
+
 def write_index(reports_dir: Path) -> None:
     """reports_dir/index.html: every report in reports_dir, newest first."""
     write_atomic(reports_dir / "index.html", fleet_html.render_index(reports_dir))
@@ -989,11 +996,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         " INDEX, newest first (e.g. the reports directory)",
     )
     parser.add_argument(
+        "--keep",
+        type=int,
+        metavar="N",
+        help="with --index: keep the newest N reports there (this one and `latest` always), "
+        "remove the older ones; 0 keeps every report",
+    )
+    parser.add_argument(
         "--artifact-junit",
         type=Path,
         help="pytest junit XML of the testinfra artifact suite run against the hosts",
     )
     args = parser.parse_args(argv)
+    if args.keep is not None and (args.keep < 0 or args.index is None):
+        parser.error(f"--keep {args.keep}: expected a count >= 0 (0 keeps all), with --index")
     source = args.input
     if str(source) == "-":
         # Kept first, as it came: the raw input of a report, readable even when it is refused.
@@ -1018,6 +1034,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.latest is not None:
             point_latest(args.latest, args.out_dir)
         if args.index is not None:
+            if args.keep:
+                prune_reports(args.index, args.keep, args.out_dir)
             write_index(args.index)
     except OSError as exc:
         print(f"fleet_report: cannot write the report to {args.out_dir}: {exc}", file=sys.stderr)

@@ -3,6 +3,7 @@ report (seconds, counts, bytes, a stage's cell), for fleet.md, fleet.html and ju
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from datetime import datetime, timezone
@@ -98,3 +99,28 @@ def artifact_cell(tests: dict[str, Any]) -> str:
         return f"{tests['failed']} failed"
     cell = f"{tests['passed']}/{tests['passed'] + tests['failed']}"
     return cell + (f", {tests['skipped']} skipped" if tests["skipped"] else "")
+
+
+def fmt_positions(values: Any) -> str:
+    """Acceptance per draft position, as percentages: `93% / 90% / 88%`."""
+    if not isinstance(values, list) or not values:
+        return "-"
+    return " / ".join(f"{x * 100:.0f}%" for x in values if is_number(x))
+
+
+# The value formats both templates use (fleet.md.j2, fleet.html.j2), by filter name.
+FILTERS: dict[str, Callable[..., Any]] = {
+    "fmt_seconds": fmt_seconds,
+    "fmt_num": fmt_num,
+    "fmt_bytes": fmt_bytes,
+    "fmt_loss": number_format(".4g"),
+    "fmt_percent": number_format(".1f", 100, "%"),
+    "fmt_fixed2": number_format(".2f"),
+    "fmt_ratio": number_format(".2f", 1, "x"),
+    "fmt_rate": number_format(".1f"),
+    "fmt_positions": fmt_positions,
+    "stage_cell": stage_cell,
+    "artifact_cell": artifact_cell,
+    "clean_text": clean_text,
+    "tojson_compact": json.dumps,
+}
