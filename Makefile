@@ -23,8 +23,8 @@ lint: setup
 	scripts/role-docs --check
 	$(BIN)/ansible-lint
 	$(BIN)/yamllint -s .
-	$(BIN)/ruff check python_helpers tests callback_plugins plugins molecule scripts/bench
-	$(BIN)/ruff format --check python_helpers tests callback_plugins plugins molecule scripts/bench
+	$(BIN)/ruff check python_helpers tests plugins molecule scripts/bench
+	$(BIN)/ruff format --check python_helpers tests plugins molecule scripts/bench
 
 docs: setup  ## regenerate roles/*/README.md from each role's meta/argument_specs.yml (aar-doc)
 	scripts/role-docs

@@ -193,7 +193,7 @@ class ActionModule(ActionBase):
             stage_runs=stage_runs,
             run_results=run_results,
         )
-        # What a user reads of this task (callback_plugins/specfleet_progress.py prints it).
+        # What a user reads of this task (plugins/callback/progress.py prints it).
         result["specfleet_plan"] = result["msg"]
         return result
 

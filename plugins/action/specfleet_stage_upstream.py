@@ -89,7 +89,7 @@ class ActionModule(ActionBase):
                 **(args.get("run_results") or {}),
                 stage: {"status": "would_run", "reason": reason, "duration_s": None},
             }
-            result["specfleet_plan"] = result["msg"]  # printed by the specfleet_progress callback
+            result["specfleet_plan"] = result["msg"]  # printed by the progress callback
         else:
             result["pending"] = []
         if found["missing"]:

@@ -6,7 +6,7 @@ The work root comes from SPECFLEET_ROOTS (a JSON object {host: root}, which the 
 role passes), else SPECFLEET_ROOT, else the host's `specfleet_root` inventory variable, else
 the fleet default /var/lib/specfleet. How to reach each host comes from ansible-inventory,
 or, when the validate role runs the suite, from SPECFLEET_INVENTORY_JSON: the connection
-variables as Ansible resolved them (plugins/filter/specfleet_inventory.py), which spares the
+variables as Ansible resolved them (plugins/filter/inventory.py), which spares the
 suite its own ansible-inventory run.
 """
 

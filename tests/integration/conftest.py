@@ -293,8 +293,6 @@ class MockNpuHost:
             path.insert(1, str(MOCK_NPU_DIR))
         envvars = {
             "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            # ansible-runner adds its own callback dir; keep the repo's (specfleet_progress).
-            "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "callback_plugins"),
             "ANSIBLE_NOCOLOR": "1",
             "PATH": ":".join(path),
             "MOCK_NPU_SMI_FIXTURE": str(fixture_path),

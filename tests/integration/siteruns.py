@@ -62,6 +62,10 @@ def playbook_env() -> dict[str, str]:
         "ANSIBLE_NOCOLOR": "1",
         "ANSIBLE_FORCE_COLOR": "0",
         "ANSIBLE_RETRY_FILES_ENABLED": "0",
+        # The console (plugins/callback/console.py) shows ok results too, as with -v, so a
+        # test can check what a task said; and lists every task's wall time after the recap.
+        "ANSIBLE_DISPLAY_OK_HOSTS": "1",
+        "SPECFLEET_TASK_TIMINGS": "100000",
     }
     # Each ansible-playbook must record ITS pid in the host lock (the callback keeps an
     # inherited one, for playbooks started from inside another).

@@ -278,7 +278,6 @@ class Fleet:
         private.mkdir()
         envvars = {
             "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "callback_plugins"),
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_FORKS": "3",
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",

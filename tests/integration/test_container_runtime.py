@@ -128,7 +128,6 @@ class ContainerHost:
             cmdline="--check" if check else None,
             envvars={
                 "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-                "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "callback_plugins"),
                 "ANSIBLE_NOCOLOR": "1",
                 "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             },

@@ -107,23 +107,15 @@ def http_ok(port: int) -> bool:
         return False
 
 
-TASK_HEADER = re.compile(r"^TASK \[(?P<name>.*?)\] \*+", re.M)
-# profile_tasks, at the start of every task: "<date> (0:00:12.345)       0:01:23.456 ****";
-# the time in parentheses is how long the PREVIOUS task took.
-PROFILE = re.compile(r"\((\d+):(\d\d):(\d\d(?:\.\d+)?)\)\s+\d+:\d\d:\d\d")
+# The console's list of every task's wall time after the recap (SPECFLEET_TASK_TIMINGS, set by
+# siteruns.playbook_env): "   12.34s  session : Take the host lock".
+TASK_TIME = re.compile(r"^ +(?P<seconds>\d+\.\d+)s  (?P<name>.+)$", re.M)
 
 
 def task_durations(stdout: str) -> list[tuple[str, float]]:
-    """(task name, seconds) of every task, from profile_tasks' lines (the last task has
-    none: nothing starts after it)."""
-    names = [(m.group("name"), m.end()) for m in TASK_HEADER.finditer(stdout)]
-    found = []
-    for (name, end), (_next_name, next_end) in zip(names, names[1:]):
-        match = PROFILE.search(stdout, end, next_end)
-        if match:
-            h, m, s = match.groups()
-            found.append((name, int(h) * 3600 + int(m) * 60 + float(s)))
-    return found
+    """(task name, seconds) of every task the console timed."""
+    _, _, timings = stdout.rpartition("SLOWEST TASKS")
+    return [(m.group("name"), float(m.group("seconds"))) for m in TASK_TIME.finditer(timings)]
 
 
 LOCK_TASKS = ("Take the host lock", "Take a dead run's lock over, or wait for a live run's")

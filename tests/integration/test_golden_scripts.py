@@ -23,10 +23,8 @@ The render takes ~15-25 s on 2 idle cores.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -58,42 +56,46 @@ IMAGE = (
 )
 
 
-def render(run_dir: Path) -> dict[str, dict[str, str]]:
-    """{group: {stage: script}} from one --check --diff run of render.yml. The scripts would be
-    templated into run_dir (absent: the diff then holds each whole script), whatever a real
-    work root on this machine holds; their content keeps the default work root's paths."""
-    env = {
-        **os.environ,
+def render(run_dir: Path, private: Path) -> dict[str, dict[str, str]]:
+    """{group: {stage: script}} from one --check --diff run of render.yml, read from
+    ansible-runner's events. The scripts would be templated into run_dir (absent: the diff
+    then holds each whole script), whatever a real work root on this machine holds; their
+    content keeps the default work root's paths."""
+    import ansible_runner
+
+    private.mkdir(parents=True, exist_ok=True)
+    envvars = {
         "PATH": f"{ANSIBLE_PLAYBOOK.parent}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json",
-        # Only the JSON on stdout (profile_tasks and the progress callback print too).
-        "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.json",
         "ANSIBLE_NOCOLOR": "1",
     }
-    argv = [str(ANSIBLE_PLAYBOOK), str(PLAYBOOK), "-i", str(INVENTORY), "--check", "--diff"]
-    argv += ["-e", f"specfleet_run_dir={run_dir}"]
-    proc = subprocess.run(
-        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    runner = ansible_runner.run(
+        private_data_dir=str(private),
+        project_dir=str(REPO),
+        playbook=str(PLAYBOOK),
+        inventory=str(INVENTORY),
+        cmdline=f"--check --diff -e specfleet_run_dir={run_dir}",
+        envvars=envvars,
+        quiet=True,
+        timeout=RUN_TIMEOUT_S,
     )
-    try:
-        report = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        output = f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        pytest.fail(f"$ {' '.join(argv)}\nrc={proc.returncode}\n{output}")
-    failed = {host: s for host, s in report["stats"].items() if s["failures"] or s["unreachable"]}
     scripts: dict[str, dict[str, str]] = {group: {} for group in HOSTS.values()}
     errors = []
-    for play in report["plays"]:
-        for task in play["tasks"]:
-            found = TEMPLATE_TASK.match(task["task"]["name"])
-            for host, result in task["hosts"].items():
-                if result.get("failed"):
-                    errors.append(f"{host}: {task['task']['name']}: {result.get('msg')}")
-                if found and not result.get("skipped"):
-                    scripts[HOSTS[host]][found.group(1)] = result["diff"][0]["after"]
-    assert not failed and proc.returncode == 0, (
-        f"render.yml failed (rc {proc.returncode}) on {sorted(failed)}:\n" + "\n".join(errors)
+    for event in runner.events:
+        data = event.get("event_data") or {}
+        res = data.get("res") or {}
+        name = data.get("task") or ""
+        if event.get("event") == "runner_on_failed":
+            errors.append(f"{data.get('host')}: {name}: {res.get('msg')}")
+        found = TEMPLATE_TASK.match(name)
+        if found and event.get("event") == "runner_on_ok" and res.get("diff"):
+            scripts[HOSTS[data["host"]]][found.group(1)] = res["diff"][0]["after"]
+    stats = runner.stats or {}
+    failed = sorted(set(stats.get("failures") or {}) | set(stats.get("dark") or {}))
+    assert not failed and runner.rc == 0, (
+        f"render.yml failed (rc {runner.rc}, {runner.status}) on {failed}:\n"
+        + "\n".join(errors)
+        + f"\n{runner.stdout.read()[-3000:]}"
     )
     return scripts
 
@@ -102,7 +104,8 @@ def render(run_dir: Path) -> dict[str, dict[str, str]]:
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     if not os.access(ANSIBLE_PLAYBOOK, os.X_OK):
         pytest.skip(f"no controller venv: {ANSIBLE_PLAYBOOK} (make setup)")
-    scripts = render(tmp_path_factory.mktemp("golden") / "run")
+    base = tmp_path_factory.mktemp("golden")
+    scripts = render(base / "run", base / "runner")
     for group, stages in scripts.items():
         assert sorted(stages) == sorted(STAGES), f"{group}: rendered {sorted(stages)}"
     return scripts

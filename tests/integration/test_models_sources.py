@@ -87,7 +87,7 @@ BUILD_TIMEOUT_S = 900
 # What a play reads from the checkout (others edit it while this runs).
 CHECKOUT_WATCHED = (
     "ansible.cfg",
-    "callback_plugins",
+    "plugins",
     "playbooks",
     "python_helpers",
     "roles",
@@ -291,7 +291,6 @@ class ModelsHost:
         venv_bin = str(Path(sys.executable).parent)
         envvars = {
             "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "callback_plugins"),
             "ANSIBLE_NOCOLOR": "1",
             "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             "MODELSCOPE_CREDENTIALS_PATH": str(self.credentials),

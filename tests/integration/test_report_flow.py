@@ -12,7 +12,7 @@ reports directory under tmp_path; none needs a pipeline, so each takes seconds:
                        LEFT"), both hosts red "unreachable" with the connection error.
   host lost mid-run    after a refused run's report, a host that answers the provision play and
                        is unreachable from the pipeline play on: Ansible ends the playbook
-                       before validate.yml, the specfleet_report_net callback writes the report
+                       before validate.yml, the report_net callback writes the report
                        (ended_early says where), `latest` moves to it, npu_env is shown passed.
   --check              on a reports directory that already holds a report: the check report
                        goes to <reports>/check/<id> with check/latest; `latest` is unchanged.

@@ -294,7 +294,6 @@ def play(
     venv_bin = str(Path(sys.executable).parent)
     envvars = {
         "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-        "ANSIBLE_CALLBACK_PLUGINS": str(REPO / "callback_plugins"),
         "ANSIBLE_NOCOLOR": "1",
         "PATH": ":".join([venv_bin, os.environ.get("PATH", "/usr/bin:/bin")]),
         "MOCK_NPU_SMI_FIXTURE": str(fixture_path),

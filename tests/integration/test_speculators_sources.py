@@ -89,7 +89,7 @@ def git(*args: str, cwd: Path | None = None) -> str:
 # be expected to change nothing when none of it changed since the previous play.
 CHECKOUT_WATCHED = (
     "ansible.cfg",
-    "callback_plugins",
+    "plugins",
     "playbooks",
     "python_helpers",
     "roles",

@@ -1,4 +1,4 @@
-"""Load one of the repo's plugins (callback_plugins/<name>.py, plugins/filter/<name>.py) as
+"""Load one of the repo's plugins (plugins/callback/<name>.py, plugins/filter/<name>.py) as
 Ansible does: a fresh module from its file each time, so what loading does (such as an
 environment variable it sets) happens again."""
 
@@ -22,4 +22,4 @@ def load_plugin(relative: str) -> ModuleType:
 
 
 def load_callback(name: str) -> ModuleType:
-    return load_plugin(f"callback_plugins/{name}.py")
+    return load_plugin(f"plugins/callback/{name}.py")

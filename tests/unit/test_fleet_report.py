@@ -231,6 +231,12 @@ def test_green_fleet_json(tmp_path, capsys):
         "hosts": 3,
         "green_hosts": ["a2-node1", "a3-node1", "a950-node1"],
         "not_green_hosts": {},
+        "summary": [
+            "GREEN: 3 of 3 hosts passed every stage",
+            "hosts green per group: atlas-a2 1/1, atlas-a3 1/1, ascend-950 1/1",
+            "redone: " + ", ".join(STAGES),
+            f"report: {os.path.abspath(out)}/fleet.html (fleet.md, fleet.json beside it)",
+        ],
     }
     report = fleet_json(out)
     assert report["schema"] == "specfleet.fleet/1"

@@ -1,10 +1,10 @@
-"""plugins/filter/specfleet_inventory.py: what the artifact suite is told of the hosts."""
+"""plugins/filter/inventory.py: what the artifact suite is told of the hosts."""
 
 from __future__ import annotations
 
 from plugin_loader import load_plugin
 
-inventory = load_plugin("plugins/filter/specfleet_inventory.py")
+inventory = load_plugin("plugins/filter/inventory.py")
 
 
 def test_the_connection_variables_in_ansible_inventorys_shape() -> None:
@@ -29,5 +29,5 @@ def test_a_host_reached_with_a_password_gets_none_and_no_password_is_written() -
     assert inventory.connection_inventory(["a", "b"], hostvars) is None
     assert inventory.connection_inventory(["a"], hostvars) is not None
     assert inventory.FilterModule().filters() == {
-        "specfleet_connection_inventory": inventory.connection_inventory
+        "connection_inventory": inventory.connection_inventory
     }

@@ -1,4 +1,4 @@
-"""Tests for the specfleet_progress callback plugin's progress line.
+"""Tests for the specfleet.ascend.progress callback plugin's progress line.
 
 The plugin imports ansible, so run these with the controller venv's Python.
 """
@@ -30,7 +30,7 @@ def _load_plugin():
 
 
 def _exec_plugin():
-    return load_callback("specfleet_progress")
+    return load_callback("progress")
 
 
 progress_line = _load_plugin().progress_line

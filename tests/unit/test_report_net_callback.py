@@ -1,4 +1,4 @@
-"""Tests for the specfleet_report_net callback's parts that need no Ansible run: the report
+"""Tests for the specfleet.ascend.report_net callback's parts that need no Ansible run: the report
 id, a lost host's input entry and the `latest` link. The whole callback is exercised by
 tests/integration/test_report_flow.py (a host lost mid-run).
 
@@ -18,7 +18,7 @@ pytest.importorskip("ansible")
 
 @pytest.fixture(scope="module")
 def net():
-    return load_callback("specfleet_report_net")
+    return load_callback("report_net")
 
 
 def test_report_id_has_validate_ymls_shape(net):

@@ -1,19 +1,19 @@
-"""The settings checks' filters (plugins/filter/specfleet.py): the floors the stage roles share."""
+"""The settings checks' filters (plugins/filter/settings.py): the floors the stage roles share."""
 
 from __future__ import annotations
 
 import pytest
 from plugin_loader import load_plugin
 
-filters = load_plugin("plugins/filter/specfleet.py")
+filters = load_plugin("plugins/filter/settings.py")
 
 
 def test_every_filter_is_registered_under_the_specfleet_prefix() -> None:
     names = filters.FilterModule().filters()
     assert set(names) == {
-        "specfleet_at_least",
-        "specfleet_below_floor",
-        "specfleet_fields_at_least",
+        "at_least",
+        "below_floor",
+        "fields_at_least",
     }
 
 

@@ -206,11 +206,6 @@ def index_entry(report_dir: Path) -> Optional[dict[str, Any]]:
         totals = report["totals"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    redone: dict[str, int] = {}
-    for h in hosts:
-        for stage, rec in (h.get("stages") or {}).items():
-            if rec.get("this_run") == "ran" or str(rec.get("detail", "")).startswith("ran"):
-                redone[stage] = redone.get(stage, 0) + 1
     walls = [h.get("wall_time_s") for h in hosts if _number(h.get("wall_time_s"))]
     return {
         "id": report_dir.name,
@@ -225,7 +220,7 @@ def index_entry(report_dir: Path) -> Optional[dict[str, Any]]:
         "unreachable": totals.get("unreachable"),
         "not_green_hosts": [h["name"] for h in hosts if not h.get("green")],
         "wall_time_s": max(walls) if walls else None,
-        "redone": redone,
+        "redone": formats.redone_stages(hosts),
         "html": (report_dir / "fleet.html").is_file(),
     }
 

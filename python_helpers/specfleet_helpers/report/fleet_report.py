@@ -49,6 +49,7 @@ from specfleet_helpers.report.formats import (
     fmt_num,
     is_number,
     parse_time,
+    redone_stages,
 )
 
 SCHEMA = "specfleet.fleet/1"
@@ -821,6 +822,29 @@ MARKDOWN.filters.update(
 )
 
 
+def summary_lines(report: dict[str, Any], report_dir: str) -> list[str]:
+    """The few lines a run ends with on the console: verdict, hosts per group, what this run
+    redid, where the report is."""
+    by_group = report["totals"]["by_group"]
+    groups = ", ".join(f"{g} {c['green']}/{c['hosts']}" for g, c in by_group.items())
+    redone = redone_stages(report["hosts"])
+    total = len(report["hosts"])
+    if redone:
+        did = ", ".join(
+            stage if count == total else f"{stage} ({count} of {total} hosts)"
+            for stage, count in redone.items()
+        )
+        redid = f"redone: {did}"
+    else:
+        redid = "redone: nothing, every stage was up to date"
+    return [
+        verdict(report, text=str, strong=str),
+        f"hosts green per group: {groups}" if groups else "hosts: none",
+        redid,
+        f"report: {os.path.join(report_dir, 'fleet.html')} (fleet.md, fleet.json beside it)",
+    ]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """fleet.md, from templates/fleet.md.j2."""
     measured = [h for h in report["hosts"] if (h.get("summary") or {}).get("bench")]
@@ -1048,6 +1072,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         "not_green_hosts": {
             h["name"]: h["not_green_reason"] for h in report["hosts"] if not h["green"]
         },
+        "summary": summary_lines(report, os.path.abspath(args.out_dir)),
     }
     print(json.dumps(line))
     return 0

@@ -124,3 +124,13 @@ FILTERS: dict[str, Callable[..., Any]] = {
     "clean_text": clean_text,
     "tojson_compact": json.dumps,
 }
+
+
+def redone_stages(hosts: list[dict[str, Any]]) -> dict[str, int]:
+    """{stage: how many hosts ran it in this run}, in the order the stages first appear."""
+    redone: dict[str, int] = {}
+    for h in hosts:
+        for stage, rec in (h.get("stages") or {}).items():
+            if rec.get("this_run") == "ran" or str(rec.get("detail", "")).startswith("ran"):
+                redone[stage] = redone.get(stage, 0) + 1
+    return redone

@@ -22,7 +22,7 @@ from ansible.plugins.callback import CallbackBase
 from ansible.plugins.loader import callback_loader
 
 DOCUMENTATION = """
-name: specfleet_ara
+name: ara
 type: notification
 short_description: record the run with ARA when SPECFLEET_ARA is on
 description:
@@ -56,7 +56,17 @@ options:
         key: database
 """
 
-DEFAULT_DATABASE = Path(__file__).resolve().parents[1] / "reports" / "ara" / "ansible.sqlite"
+# Where specfleet's files are: a checkout (it has galaxy.yml) or the installed collection.
+CONTENT_DIR = Path(__file__).resolve().parents[2]
+
+
+def default_database() -> Path:
+    """reports/ara/ansible.sqlite in the checkout, or under the current directory when
+    specfleet runs as an installed collection (as the fleet reports are)."""
+    project = CONTENT_DIR if (CONTENT_DIR / "galaxy.yml").is_file() else Path.cwd()
+    return project / "reports" / "ara" / "ansible.sqlite"
+
+
 # The events ARA's callback records (ara/plugins/callback/ara_default.py).
 FORWARDED = (
     "v2_playbook_on_start",
@@ -81,7 +91,7 @@ def ara_environment(database: str, environ: dict[str, str]) -> dict[str, str]:
     the default under reports/), its server settings beside it; an http client as configured."""
     if environ.get("ARA_API_CLIENT", "offline") == "http":
         return {}
-    path = Path(database or environ.get("ARA_DATABASE_NAME") or DEFAULT_DATABASE)
+    path = Path(database or environ.get("ARA_DATABASE_NAME") or default_database())
     return {
         "ARA_DATABASE_NAME": str(path),
         # where ARA's server side keeps its settings.yaml and logs: beside the database
@@ -92,7 +102,7 @@ def ara_environment(database: str, environ: dict[str, str]) -> dict[str, str]:
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "notification"
-    CALLBACK_NAME = "specfleet_ara"
+    CALLBACK_NAME = "specfleet.ascend.ara"
     CALLBACK_NEEDS_ENABLED = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from ansible.plugins.callback import CallbackBase
 
 DOCUMENTATION = """
-name: specfleet_progress
+name: progress
 type: notification
 short_description: each specfleet stage's plan, and one progress line per poll while it runs
 description:
@@ -58,15 +59,41 @@ def progress_line(host: str, stdout: str) -> str | None:
     return " | ".join(parts)
 
 
+# A running stage gets a new line when its step changes, else at most this often.
+QUIET_S = 30
+
+
+def worth_showing(shown: dict[str, Any], key: str, stdout: str) -> bool:
+    """Whether a poll of a running stage deserves a line: its first, a new step, or QUIET_S
+    since the last line shown for it. `shown` remembers, per key, what was last shown."""
+    try:
+        state = json.loads(stdout)
+        elapsed = float(state.get("elapsed_s", 0))
+    except (TypeError, ValueError, AttributeError):
+        return False
+    step = state.get("step")
+    last = shown.get(key)
+    if last is not None and last["step"] == step and elapsed - last["elapsed"] < QUIET_S:
+        return False
+    shown[key] = {"step": step, "elapsed": elapsed}
+    return True
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "notification"
-    CALLBACK_NAME = "specfleet_progress"
+    CALLBACK_NAME = "specfleet.ascend.progress"
     CALLBACK_NEEDS_ENABLED = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shown: dict[str, Any] = {}
+
     def v2_runner_retry(self, result) -> None:
-        line = progress_line(result._host.get_name(), result._result.get("stdout", ""))
-        if line:
+        host = result._host.get_name()
+        stdout = result._result.get("stdout", "")
+        line = progress_line(host, stdout)
+        if line and worth_showing(self._shown, f"{host}/{result._task._uuid}", stdout):
             self._display.display(line, color="cyan")
 
     def v2_runner_on_ok(self, result) -> None:

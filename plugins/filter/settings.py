@@ -74,7 +74,7 @@ def fields_at_least(
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
-            "specfleet_at_least": at_least,
-            "specfleet_below_floor": below_floor,
-            "specfleet_fields_at_least": fields_at_least,
+            "at_least": at_least,
+            "below_floor": below_floor,
+            "fields_at_least": fields_at_least,
         }

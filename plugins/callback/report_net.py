@@ -30,7 +30,7 @@ from ansible.plugins.callback import CallbackBase
 from ansible.template import Templar
 
 DOCUMENTATION = """
-name: specfleet_report_net
+name: report_net
 type: notification
 short_description: the fleet report of a site.yml run that ended before its validate play
 description:
@@ -40,7 +40,7 @@ requirements:
   - enable in ansible.cfg (callbacks_enabled)
 """
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HELPERS = REPO / "python_helpers"
 VALIDATE_ROLE = "validate"
 
@@ -99,7 +99,7 @@ def report_input(
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "notification"
-    CALLBACK_NAME = "specfleet_report_net"
+    CALLBACK_NAME = "specfleet.ascend.report_net"
     CALLBACK_NEEDS_ENABLED = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

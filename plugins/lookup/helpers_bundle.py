@@ -14,7 +14,7 @@ from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
 DOCUMENTATION = """
-name: specfleet_helpers_bundle
+name: helpers_bundle
 short_description: pack python_helpers into the zip shipped to hosts; return its path and sha1
 description:
   - Writes the reproducible zip of specfleet_helpers (specfleet_helpers.bundle) to the path

@@ -1,4 +1,4 @@
-"""specfleet_connection_inventory: the hosts' connection variables as Ansible resolved them,
+"""connection_inventory: the hosts' connection variables as Ansible resolved them,
 in ansible-inventory's JSON shape, for the artifact suite (roles/validate/tasks/report.yml).
 
 testinfra's ansible backend runs `ansible-inventory --list` to learn how to reach each host:
@@ -50,4 +50,4 @@ def connection_inventory(hosts: Iterable[str], hostvars: Mapping[str, Any]) -> d
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"specfleet_connection_inventory": connection_inventory}
+        return {"connection_inventory": connection_inventory}

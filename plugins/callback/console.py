@@ -1,0 +1,141 @@
+"""specfleet's console: what changed, what failed, each stage's plan and progress, and a short
+summary at the end. Ansible's default callback underneath, made quiet.
+
+At the default verbosity it leaves out what a run does every time: results that are ok or
+skipped, `included:` lines and the `FAILED - RETRYING` line of every poll (the progress
+callback prints one line per change of a running stage's step instead). A changed or failed
+task is shown as Ansible shows it. After the recap come the lines of the validate role's
+`specfleet_summary` (verdict, hosts per group, what this run redid, where the report is) and,
+on request, the slowest tasks. With -v it shows everything the default callback does.
+
+    [defaults]
+    stdout_callback = specfleet.ascend.console
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ansible.playbook.task_include import TaskInclude
+from ansible.plugins.callback.default import CallbackModule as DefaultCallback
+
+DOCUMENTATION = """
+name: console
+type: stdout
+short_description: changes, failures, stage progress and a short summary; the rest with -v
+description:
+  - Ansible's default output without the results that are ok or skipped, the included-file
+    lines and the retry line of every poll, unless run with -v.
+  - Ends with the run's summary (the validate role's specfleet_summary) after the recap.
+  - Lists the slowest tasks after the recap when task_timings asks for them.
+extends_documentation_fragment:
+  - default_callback
+  - result_format_callback
+options:
+  display_ok_hosts:
+    description: Show results that are ok (always on with -v).
+    type: bool
+    default: false
+    env:
+      - name: ANSIBLE_DISPLAY_OK_HOSTS
+    ini:
+      - section: defaults
+        key: display_ok_hosts
+  display_skipped_hosts:
+    description: Show results that are skipped (always on with -v).
+    type: bool
+    default: false
+    env:
+      - name: ANSIBLE_DISPLAY_SKIPPED_HOSTS
+    ini:
+      - section: defaults
+        key: display_skipped_hosts
+  task_timings:
+    description: After the recap, list this many of the slowest tasks with their wall time
+      (0 lists none).
+    type: int
+    default: 0
+    env:
+      - name: SPECFLEET_TASK_TIMINGS
+    ini:
+      - section: callback_console
+        key: task_timings
+"""
+
+# The validate role hands the console its summary as a debug `var` of this name.
+SUMMARY_KEY = "specfleet_summary"
+
+
+def slowest(timings: list[tuple[str, float]], count: int) -> list[str]:
+    """The lines listing the `count` slowest (name, seconds) pairs, slowest first."""
+    ranked = sorted(timings, key=lambda item: item[1], reverse=True)[:count]
+    return [f"{seconds:8.2f}s  {name}" for name, seconds in ranked]
+
+
+class CallbackModule(DefaultCallback):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "stdout"
+    CALLBACK_NAME = "specfleet.ascend.console"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._summary: list[str] = []
+        self._timings: list[tuple[str, float]] = []
+        self._current: tuple[str, float] | None = None
+
+    def set_options(self, *args: Any, **kwargs: Any) -> None:
+        super().set_options(*args, **kwargs)
+        if self._verbose:
+            self._plugin_options["display_ok_hosts"] = True
+            self._plugin_options["display_skipped_hosts"] = True
+
+    @property
+    def _verbose(self) -> bool:
+        return self._display.verbosity >= 1
+
+    def _timed(self, task: Any) -> None:
+        now = time.monotonic()
+        if self._current is not None:
+            self._timings.append((self._current[0], now - self._current[1]))
+        self._current = (task.get_name().strip(), now) if task is not None else None
+
+    def v2_playbook_on_task_start(self, task: Any, is_conditional: bool) -> None:
+        self._timed(task)
+        super().v2_playbook_on_task_start(task, is_conditional)
+
+    def v2_playbook_on_handler_task_start(self, task: Any) -> None:
+        self._timed(task)
+        super().v2_playbook_on_handler_task_start(task)
+
+    def v2_playbook_on_include(self, included_file: Any) -> None:
+        if self._verbose:
+            super().v2_playbook_on_include(included_file)
+
+    def v2_runner_retry(self, result: Any) -> None:
+        if self._verbose:
+            super().v2_runner_retry(result)
+
+    def v2_runner_on_ok(self, result: Any) -> None:
+        if not self._verbose:
+            # an include's banner, with nothing under it
+            if isinstance(result.task, TaskInclude):
+                return
+            summary = result.result.get(SUMMARY_KEY)
+            if isinstance(summary, list):
+                self._summary = [str(line) for line in summary]
+                return
+        super().v2_runner_on_ok(result)
+
+    def v2_playbook_on_stats(self, stats: Any) -> None:
+        self._timed(None)
+        super().v2_playbook_on_stats(stats)
+        if self._summary:
+            self._display.banner("SUMMARY")
+            for line in self._summary:
+                self._display.display(line)
+        count = self.get_option("task_timings")
+        if count and self._timings:
+            self._display.banner(f"SLOWEST TASKS ({min(count, len(self._timings))})")
+            for line in slowest(self._timings, count):
+                self._display.display(line)
