@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup run check bench lint docs unit integration test-reliability molecule molecule-local molecule-container test-hosts-deps test-images browser-deps test clean
+.PHONY: setup run check bench collection ee-context lint docs unit integration test-reliability molecule molecule-local molecule-container test-hosts-deps test-images browser-deps test clean
 
 setup:  ## controller venv (ansible-core, molecule, testinfra, linters) + collections
 	@scripts/setup-controller
@@ -18,6 +18,13 @@ check: setup  ## what a run would change, without changing it
 
 bench: setup  ## wall time: forced full runs vs the bare shell pipeline (3 pairs), no-op re-runs, the 3-host no-op when its hosts are up; writes docs/benchmarks.md
 	$(BIN)/python scripts/bench
+
+collection: setup  ## the collection specfleet.ascend from this checkout: dist/specfleet-ascend-<version>.tar.gz
+	rm -rf dist
+	$(BIN)/ansible-galaxy collection build --output-path dist .
+
+ee-context: collection  ## execution-environment.yml's build context in context/ (ansible-builder create); build it with ansible-builder build
+	$(BIN)/ansible-builder create --file execution-environment.yml --context context
 
 lint: setup
 	scripts/role-docs --check

@@ -4,9 +4,9 @@ summary at the end. Ansible's default callback underneath, made quiet.
 At the default verbosity it leaves out what a run does every time: results that are ok or
 skipped, `included:` lines and the `FAILED - RETRYING` line of every poll (the progress
 callback prints one line per change of a running stage's step instead). A changed or failed
-task is shown as Ansible shows it. After the recap come the lines of the validate role's
-`specfleet_summary` (verdict, hosts per group, what this run redid, where the report is) and,
-on request, the slowest tasks. With -v it shows everything the default callback does.
+task is shown as Ansible shows it. After the recap come the summary lines of the validate
+role's `specfleet_summary` (verdict, hosts per group, what this run redid, where the report
+is) and, on request, the slowest tasks. With -v it shows everything the default callback does.
 
     [defaults]
     stdout_callback = specfleet.ascend.console
@@ -63,7 +63,8 @@ options:
         key: task_timings
 """
 
-# The validate role hands the console its summary as a debug `var` of this name.
+# The validate role hands over its summary as a debug `var` of this name: fleet_report's line
+# (green, report_dir, hosts, ...), whose `summary` holds the lines to print.
 SUMMARY_KEY = "specfleet_summary"
 
 
@@ -122,8 +123,8 @@ class CallbackModule(DefaultCallback):
             if isinstance(result.task, TaskInclude):
                 return
             summary = result.result.get(SUMMARY_KEY)
-            if isinstance(summary, list):
-                self._summary = [str(line) for line in summary]
+            if isinstance(summary, dict):
+                self._summary = [str(line) for line in summary.get("summary") or []]
                 return
         super().v2_runner_on_ok(result)
 

@@ -122,7 +122,9 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_play_start(self, play: Any) -> None:
         self._play = play
-        if play is self._validate_play:
+        # the play that starts is a copy of the playbook's (TaskQueueManager.run): same _uuid
+        validate = self._validate_play
+        if validate is not None and getattr(play, "_uuid", None) == validate._uuid:
             self._validate_started = True
 
     def _seen(self, result: Any) -> None:

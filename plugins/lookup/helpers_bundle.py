@@ -32,9 +32,7 @@ HELPERS = Path(__file__).resolve().parents[2] / "python_helpers"
 class LookupModule(LookupBase):
     def run(self, terms: list[Any], variables: Any = None, **kwargs: Any) -> list[dict[str, str]]:
         if len(terms) != 1:
-            raise AnsibleLookupError(
-                "specfleet_helpers_bundle: expected one term, the zip to write"
-            )
+            raise AnsibleLookupError("helpers_bundle: expected one term, the zip to write")
         if str(HELPERS) not in sys.path:
             sys.path.append(str(HELPERS))
         from specfleet_helpers import bundle
@@ -42,7 +40,5 @@ class LookupModule(LookupBase):
         try:
             out = bundle.build(Path(str(terms[0])))
         except OSError as exc:
-            raise AnsibleLookupError(
-                f"specfleet_helpers_bundle: cannot write {terms[0]}: {exc}"
-            ) from exc
+            raise AnsibleLookupError(f"helpers_bundle: cannot write {terms[0]}: {exc}") from exc
         return [{"path": str(out), "sha1": bundle.sha1(out)}]

@@ -254,6 +254,10 @@ def test_every_host_unreachable_is_reported_red(runs: dict[str, Future[Any]]) ->
     assert "NO MORE HOSTS LEFT" not in run.stdout, run.tail()
     doc = report(run.reports)
     assert not doc["green"] and doc["totals"]["unreachable"] == 2, doc["totals"]
+    # validate wrote it; the report_net callback, which stands in only when validate never
+    # started, wrote none
+    ids = [p.name for p in run.reports.iterdir() if p.is_dir() and not p.is_symlink()]
+    assert ids == [os.readlink(run.reports / "latest")], (ids, run.tail())
     for name in ("gone-a", "gone-b"):
         host = host_of(doc, name)
         assert not host["reachable"] and not host["green"], host

@@ -52,16 +52,19 @@ def play(work: Path) -> Path:
         {
             "name": "Summarize the run",
             "ansible.builtin.debug": {"var": "specfleet_summary"},
-            "vars": {"specfleet_summary": ["GREEN: 1 of 1 hosts", "report: somewhere"]},
+            "vars": {
+                "specfleet_summary": {
+                    "green": True,
+                    "summary": ["GREEN: 1 of 1 hosts", "report: somewhere"],
+                }
+            },
         },
     ]
     (work / "inner.yml").write_text(
         yaml.safe_dump([{"name": "Inside the include", "ansible.builtin.set_fact": {"x": 1}}])
     )
     path = work / "play.yml"
-    path.write_text(
-        yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}])
-    )
+    path.write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
     return path
 
 

@@ -323,6 +323,27 @@ def test_failed_and_unreachable_fleet(tmp_path, capsys):
     assert report["totals"]["green"] == 1 and report["totals"]["not_green"] == 2
     assert report["totals"]["unreachable"] == 1
     assert report["totals"]["by_group"]["ascend-950"] == {"hosts": 1, "green": 0}
+    verdict, groups, redone, where = line["summary"]
+    assert verdict.startswith("NOT GREEN: 1 of 3 hosts failed (a950-node1: train)"), verdict
+    assert groups == "hosts green per group: atlas-a2 1/1, atlas-a3 0/1, ascend-950 0/1"
+    # the unreachable host ran nothing, a950-node1 every stage before the train that failed
+    assert redone.startswith("redone: npu_env (2 of 3 hosts), "), redone
+    assert redone.endswith(
+        ", hidden_states (2 of 3 hosts), train (1 of 3 hosts), serve (1 of 3 hosts)"
+    ), redone
+    assert where.startswith(f"report: {os.path.abspath(out)}/fleet.html"), where
+
+
+def test_summary_of_a_run_that_redid_nothing():
+    report = fleet_report.build_report(fleet_report.validate(green_fleet()), {})
+    for h in report["hosts"]:
+        for record in h["stages"].values():
+            record["this_run"] = "up_to_date"
+            record["detail"] = "up to date"
+    lines = fleet_report.summary_lines(report, "/r/x")
+    assert lines[2] == "redone: nothing, every stage was up to date", lines
+    report["green"] = False
+    assert fleet_report.summary_lines(report, "/r/x")[2] == "redone: nothing", lines
 
 
 def test_failed_fleet_markdown(tmp_path):

@@ -836,7 +836,7 @@ def summary_lines(report: dict[str, Any], report_dir: str) -> list[str]:
         )
         redid = f"redone: {did}"
     else:
-        redid = "redone: nothing, every stage was up to date"
+        redid = "redone: nothing" + (", every stage was up to date" if report["green"] else "")
     return [
         verdict(report, text=str, strong=str),
         f"hosts green per group: {groups}" if groups else "hosts: none",
