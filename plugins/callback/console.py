@@ -126,6 +126,10 @@ class CallbackModule(DefaultCallback):
             if isinstance(summary, dict):
                 self._summary = [str(line) for line in summary.get("summary") or []]
                 return
+            if not result.result.get("changed") and not self.get_option("display_ok_hosts"):
+                # the result is not shown; what it warns about still is
+                self._handle_warnings_and_exception(result)
+                return
         super().v2_runner_on_ok(result)
 
     def v2_playbook_on_stats(self, stats: Any) -> None:
