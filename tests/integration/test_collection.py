@@ -70,11 +70,15 @@ CHECK_HOST = [
 
 
 def run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
-    """argv's output; fails the test with it when argv fails."""
+    """argv's output; fails the test with it when argv fails. Nothing of this checkout's
+    Ansible settings is inherited (make exports ANSIBLE_CONFIG): the other project has its own."""
+    inherited = {
+        k: v for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "SPECFLEET_"))
+    }
     done = subprocess.run(
         argv,
         cwd=cwd,
-        env={**os.environ, "PATH": f"{BIN}{os.pathsep}/usr/bin:/bin", **(env or {})},
+        env={**inherited, "PATH": f"{BIN}{os.pathsep}/usr/bin:/bin", **(env or {})},
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,
@@ -113,13 +117,16 @@ def project(built: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A project of its own, far from the checkout, with the collection installed beside it."""
     base = tmp_path_factory.mktemp("elsewhere")
     collections = base / "collections"
-    run(
-        [str(BIN / "ansible-galaxy"), "collection", "install", str(built), "-p", str(collections)],
-        base,
-    )
     project = base / "project"
     project.mkdir()
     (project / "ansible.cfg").write_text(PROJECT_CFG.format(collections=collections))
+    run(
+        [str(BIN / "ansible-galaxy"), "collection", "install", str(built), "-p", str(collections)],
+        project,
+        {"ANSIBLE_CONFIG": str(project / "ansible.cfg")},
+    )
+    installed = collections / "ansible_collections" / "specfleet" / "ascend" / "MANIFEST.json"
+    assert installed.is_file(), f"not installed: {installed}"
     return project
 
 
