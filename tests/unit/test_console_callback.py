@@ -42,6 +42,11 @@ def play(work: Path) -> Path:
         },
         {"name": "An include", "ansible.builtin.include_tasks": "inner.yml"},
         {
+            "name": "A plan line",
+            "ansible.builtin.debug": {"var": "specfleet_plan"},
+            "vars": {"specfleet_plan": "serve: held: rollout stopped"},
+        },
+        {
             "name": "A poll",
             "ansible.builtin.command": {"argv": [sys.executable, "-c", POLL, str(counter)]},
             "register": "poll",
@@ -105,6 +110,8 @@ def test_default_verbosity_prints_changes_progress_and_the_summary(tmp_path: Pat
     assert "TASK [A changed task]" in out and "changed: [localhost]" in out
     for quiet in ("An ok task", "A skipped task", "An include", "Inside the include", "A poll"):
         assert f"TASK [{quiet}" not in out, out
+    # a plan line (the progress callback) is shown, not the debug result that carries it
+    assert "[localhost] serve: held: rollout stopped" in lines and "TASK [A plan line]" not in out
     # an ok result is left out, not the warning it carries
     assert "mind the gap" in out + err, out
     assert "ok: [localhost]" not in out and "included:" not in out
