@@ -7,7 +7,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 .PHONY: setup run check bench collection ee-context lint docs unit integration test-reliability molecule molecule-local molecule-container test-hosts-deps test-images browser-deps test clean
 
-setup:  ## controller venv (ansible-core, molecule, testinfra, linters) + collections
+setup:  ## controller venv (ansible-core, molecule, testinfra, linters); this checkout linked as the collection specfleet.ascend
 	@scripts/setup-controller
 
 run: setup  ## the whole job on this machine, CPU profile

@@ -29,6 +29,7 @@ description:
   - Off by default. When on, loads ARA's callback (ara_default, from the ara package) and
     forwards every event to it.
   - ARA's offline client writes to a SQLite database, reports/ara/ansible.sqlite in the checkout
+    (under the current directory where specfleet is an installed collection)
     unless `database` (or ARA_DATABASE_NAME) names another. With ARA_API_CLIENT=http the run
     goes to the ARA server at ARA_API_SERVER instead.
 requirements:
@@ -46,7 +47,7 @@ options:
   database:
     description:
       - The SQLite database of ARA's offline client. Empty, ARA_DATABASE_NAME when set, else
-        reports/ara/ansible.sqlite in the checkout.
+        reports/ara/ansible.sqlite in the checkout (or the current directory, installed).
     type: path
     default: ""
     env:

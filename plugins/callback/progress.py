@@ -20,10 +20,11 @@ from ansible.plugins.callback import CallbackBase
 DOCUMENTATION = """
 name: progress
 type: notification
-short_description: each specfleet stage's plan, and one progress line per poll while it runs
+short_description: each specfleet stage's plan, and a progress line while it runs
 description:
   - Prints each stage's plan (up to date, running or would run, and why).
-  - Prints stage, elapsed time, current step and the last log line while a stage runs.
+  - Prints stage, elapsed time, current step and the last log line while a stage runs, when
+    its step changes, else every 30 s.
 requirements:
   - enable in ansible.cfg (callbacks_enabled)
 """
