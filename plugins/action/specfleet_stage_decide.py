@@ -23,8 +23,10 @@ callback prints as `[host] <line>` (the result itself is long: it holds the scri
       register: stage_decision
 
 Returns redo, reason, fingerprint, inputs (with script_sha256), script, previous (the stamp),
-checker, and stage_runs / run_results: the play's specfleet_stage_runs and
-specfleet_run_results with this stage's entry, for the set_fact that follows.
+checker, stage_runs / run_results (the play's specfleet_stage_runs and specfleet_run_results
+with this stage's entry) and metrics. It sets those two as facts, and stage_outcome ({ran,
+metrics}), as set_fact would: a set_fact task of its own after every decision cost each stage
+a task on every run, no-op runs included.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
-from ansible.plugins.action import ActionBase
+from ansible.plugins.action import ActionBase, VariableLayer
 from ansible.plugins.filter.core import get_hash, to_json
 
 # What the check prints at most into the reason (the stamp and the report show the reason).
@@ -195,7 +197,22 @@ class ActionModule(ActionBase):
         )
         # What a user reads of this task (plugins/callback/progress.py prints it).
         result["specfleet_plan"] = result["msg"]
+        self._set_facts(
+            {
+                "specfleet_stage_runs": stage_runs,
+                "specfleet_run_results": run_results,
+                # finish.yml replaces the metrics with the new run's (in --check mode a stage
+                # that would run keeps the old ones).
+                "stage_outcome": {"ran": redo, "metrics": result["metrics"]},
+            }
+        )
         return result
+
+    def _set_facts(self, facts: dict[str, Any]) -> None:
+        """The facts as set_fact sets them (the play's facts, above role and play vars), not
+        as a module's ansible_facts (host facts, below them)."""
+        self.register_host_variables({}, VariableLayer.CACHEABLE_FACT)
+        self.register_host_variables(facts, VariableLayer.EPHEMERAL_FACT)
 
     def _options(self) -> dict[str, Any]:
         args = dict(self._task.args)

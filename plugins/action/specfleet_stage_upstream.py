@@ -9,12 +9,13 @@ train needs convert only with train_from_converted). Each upstream stage's run i
 
 Returns:
   run_ids   {stage: run id} of the upstream stages that have one: the `upstream` input
-  missing   upstream stages with neither a stamp nor a run in this play: the stage stops before
-            any work, and `msg` says what to run (upstream_blocked.yml records it as its failure)
+  missing   upstream stages with neither a stamp nor a run in this play: the task fails before
+            any work, and `msg` says what to run (the stage role's rescue records it as the
+            stage's failure, as any failure of the stage)
   pending   check mode: upstream stages that would run, so this one cannot be planned (no
             verifier config, no dataset) and would run too; `msg` is its plan line, and
             stage_runs / run_results are the play's specfleet_stage_runs / specfleet_run_results
-            with this stage marked so
+            with this stage marked so, which it also sets as those facts (as set_fact would)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase
+from ansible.plugins.action import ActionBase, VariableLayer
 
 
 def upstream_of(
@@ -90,11 +91,20 @@ class ActionModule(ActionBase):
                 stage: {"status": "would_run", "reason": reason, "duration_s": None},
             }
             result["specfleet_plan"] = result["msg"]  # printed by the progress callback
+            self.register_host_variables({}, VariableLayer.CACHEABLE_FACT)
+            self.register_host_variables(
+                {
+                    "specfleet_stage_runs": result["stage_runs"],
+                    "specfleet_run_results": result["run_results"],
+                },
+                VariableLayer.EPHEMERAL_FACT,
+            )
         else:
             result["pending"] = []
         if found["missing"]:
             provides = {name: str((graph.get(name) or {}).get("provides", "")) for name in graph}
             result["msg"] = missing_message(stage, found["missing"], provides, host)
+            result["failed"] = True
         return result
 
     def _graph(self, task_vars: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -137,9 +137,14 @@ def test_first_report_is_green_on_every_host():
 
 def test_idempotent_report_says_up_to_date_everywhere():
     second = reports()[1]
+    first_id = reports()[0]["report_id"]
     for name, h in by_host(second).items():
         details = {stage: s["detail"] for stage, s in h["stages"].items()}
         assert all(d == "up to date" for d in details.values()), (name, details)
+        # Nothing the artifact suite reads changed on any host (every file under the work root
+        # by its stat facts, the stamps, the versions): the converge run's pass stands, named.
+        tests = h["artifact_tests"]
+        assert tests["reused_from"] == first_id and tests["passed"] > 10, (name, tests)
 
 
 def test_broken_run_reports_the_failed_host_and_passes_the_others():
@@ -156,6 +161,10 @@ def test_broken_run_reports_the_failed_host_and_passes_the_others():
     for name in ("a2-node1", "a3-node1"):
         assert hosts[name]["green"], hosts[name]
     assert report["totals"]["not_green"] == 1
+    # The artifact suite ran again where a stage was redone, and only there.
+    assert hosts["a2-node1"]["artifact_tests"]["reused_from"] == reports()[0]["report_id"]
+    assert hosts[DAMAGED_HOST]["artifact_tests"]["reused_from"] is None
+    assert hosts[DAMAGED_HOST]["artifact_tests"]["passed"] > 10
 
 
 def ran(stage: dict[str, Any]) -> bool:

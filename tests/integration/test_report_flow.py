@@ -351,12 +351,18 @@ GRAPH_PLAY = """
         loop_var: graph_stage
 """
 GRAPH_STAGE = """
-- name: Find the upstream stages
-  ansible.builtin.include_role:
-    name: stage
-    tasks_from: upstream
-  vars:
-    stage_name: "{{ graph_stage }}"
+- name: Find the upstream stages (a missing one fails the task, as it fails the stage)
+  block:
+    - name: Find the upstream stages
+      ansible.builtin.include_role:
+        name: stage
+        tasks_from: upstream
+      vars:
+        stage_name: "{{ graph_stage }}"
+  rescue:
+    - name: Keep the failure's message
+      ansible.builtin.set_fact:
+        graph_failed: "{{ ansible_failed_result.msg }}"
 - name: Write what was derived
   ansible.builtin.copy:
     dest: "{{ graph_out }}/{{ graph_stage }}.json"

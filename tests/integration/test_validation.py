@@ -14,9 +14,10 @@ skip decision) and turns the host red naming the stage, for each break a re-run 
 After A and D, one site.yml run redoes the damaged stages and only what depends on them, and
 validate.yml is green again.
   E. data_source: file end to end;
-  F. serve_mode service: left serving, kept by a no-op run (same pid), back after a kill,
-     stopped by playbooks/stop-serving.yml and deployed again by the next run, redeployed
-     when train_epochs changes.
+  F. serve_mode service: left serving, kept by a no-op run (same pid; the artifact suite's
+     pass kept too, and run again when the work root is made world-writable, which it finds),
+     back after a kill, stopped by playbooks/stop-serving.yml and deployed again by the next
+     run, redeployed when train_epochs changes.
 
 One work root (module scope), primed by a complete run; reuses the CPU venv of `make run`
 (.work/local/venv) and runs the servers on 18400 (serve) / 18401 (hidden states). Marked slow
@@ -385,6 +386,20 @@ def test_f_service_left_serving_kept_by_a_no_op_back_after_a_kill_redeployed_on_
         again.assert_green()
         assert primed.redone(before) == set() and " changed=0 " in again.text
         assert service_state(primed.root)["main_pid"] == first["main_pid"]
+        # Nothing the artifact suite reads changed (the service's log aside): the pass of the
+        # run before stands, named in the report.
+        kept = again.host()["artifact_tests"]
+        assert kept["reused_from"] == run.fleet()["report_id"] and kept["failed"] == 0, kept
+
+        # A change no stage's verifier looks at: the suite runs again, and finds it.
+        primed.root.chmod(primed.root.stat().st_mode | 0o002)
+        try:
+            opened = primed.play("f-root-world-writable", VALIDATE)
+        finally:
+            primed.root.chmod(primed.root.stat().st_mode & ~0o002)
+        tests = opened.host()["artifact_tests"]
+        assert opened.rc != 0 and tests["reused_from"] is None, (tests, opened.tail())
+        assert [f["test"] for f in tests["failures"]] == ["test_work_root_not_world_writable"]
 
         os.kill(first["main_pid"], 9)
         back = wait_for(
@@ -402,6 +417,8 @@ def test_f_service_left_serving_kept_by_a_no_op_back_after_a_kill_redeployed_on_
         after_kill = primed.play("f-service-after-kill", **service_vars)
         after_kill.assert_green()
         assert primed.redone(before) == set()
+        # The supervisor recorded the restart in the work root: the suite ran again.
+        assert after_kill.host()["artifact_tests"]["reused_from"] is None
         assert service_state(primed.root)["main_pid"] == back["main_pid"]
 
         stop = primed.play("f-stop-serving", playbook=REPO / "playbooks" / "stop-serving.yml")

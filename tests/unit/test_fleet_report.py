@@ -574,6 +574,7 @@ def test_artifact_junit_mapped_to_hosts(tmp_path, capsys):
         "failed": 0,
         "skipped": 0,
         "failures": [],
+        "reused_from": None,
     }
     a3 = hosts["a3-node1"]["artifact_tests"]
     assert (a3["passed"], a3["failed"], a3["skipped"]) == (1, 2, 1)

@@ -178,3 +178,55 @@ def test_open_prints_the_sha1_and_mode_of_the_files_the_play_writes(root: Path):
         str(wrapper): {"sha1": hashlib.sha1(wrapper.read_bytes()).hexdigest(), "mode": "0750"},
         str(root / "state" / "x.json"): None,
     }
+
+
+def test_close_signs_the_work_root_by_what_stat_tells(root: Path):
+    """The signature the artifact suite's verdict is reused on: the same while nothing under
+    the work root changed (the lock every run takes aside), another when a file's content or
+    any entry's mode changed, a file came or went, or the venv's packages changed."""
+    assert open_(root, "run-a")[0] == 0
+    stamped(root, "data", {"rows": 4})
+    (root / "venv" / "lib" / "python3.11" / "site-packages" / "pkg").mkdir(parents=True)
+    (root / "venv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+
+    def signature() -> str:
+        # --skip: the test's checker counts its runs in a file under the work root.
+        rc, result, err = session(
+            "close", f"--state-dir={root / 'state'}", "--skip=data", f"--signature-root={root}"
+        )
+        assert rc == 0, err
+        return result["signature"]
+
+    first = signature()
+    assert len(first) == 64 and signature() == first
+    # Every run takes and drops the lock; a service appends to its log; files deep in the venv
+    # count by its markers only.
+    (root / "run" / "lock.json").write_text("{}")
+    (root / "logs" / "serve.log").write_text("GET /health 200\n")
+    (root / "venv" / "lib" / "python3.11" / "site-packages" / "pkg" / "mod.py").write_text("x")
+    os.utime(root / "venv" / "lib" / "python3.11" / "site-packages", ns=(1, 1))
+    settled = signature()
+    weights = root / "out" / "data" / "weights.bin"
+    before = weights.stat()
+    weights.write_bytes(b"v" * 64)  # same size
+    os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns + 1))
+    edited = signature()
+    assert edited != settled
+    root.chmod(0o757)
+    assert signature() != edited
+    root.chmod(0o750)
+    assert signature() == edited
+    (root / "out" / "data" / "extra.bin").write_bytes(b"")
+    assert signature() != edited
+    (root / "out" / "data" / "extra.bin").unlink()
+    assert signature() == edited
+    (root / "venv" / "lib" / "python3.11" / "site-packages" / "pkg2").mkdir()
+    assert signature() != edited
+
+
+def test_close_signs_no_missing_work_root(root: Path):
+    rc, result, err = session(
+        "close", f"--state-dir={root / 'state'}", f"--signature-root={root / 'gone'}"
+    )
+    assert rc == 0, err
+    assert result["signature"] is None

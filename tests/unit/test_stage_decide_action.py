@@ -147,6 +147,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         work,
         [
             case("up_to_date", failure_recorded=True),
+            {
+                "name": "facts_after_up_to_date",
+                "ansible.builtin.debug": {
+                    "msg": "{{ {'runs': specfleet_stage_runs, 'results': specfleet_run_results,"
+                    " 'outcome': stage_outcome} }}"
+                },
+            },
             case("changed_input", inputs={"epochs": 2}),
             case("changed_input_check", {"check_mode": True}, inputs={"epochs": 2}),
             case("prechecked_bad", prechecked={"status": "failed", "output": "boom"}),
@@ -179,6 +186,10 @@ def test_an_up_to_date_stage_is_verified_on_the_host_and_skipped(run: dict[str, 
     assert r["changed"] is True and not (run["state"] / "train.failed.json").exists()
     # The progress callback prints the plan line.
     assert r["specfleet_plan"] == r["msg"] and f"[localhost] {r['msg']}" in run["stdout"]
+    # The facts every later stage reads, set as set_fact would (no task of their own).
+    facts = run["results"]["facts_after_up_to_date"]["msg"]
+    assert facts["runs"] == r["stage_runs"] and facts["results"] == r["run_results"]
+    assert facts["outcome"] == {"ran": False, "metrics": r["metrics"]}
 
 
 def test_a_changed_input_redoes_the_stage_and_names_the_input(run: dict[str, Any]) -> None:

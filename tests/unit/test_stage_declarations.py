@@ -172,13 +172,21 @@ def specfleet_rules_tasks(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def test_the_plays_skip_only_the_spec_checks_the_settings_check_makes() -> None:
     """site.yml's plays import the stage roles with rolespec_validate: false because its first
-    play's settings check (playbooks/tasks/settings.yml, looped over every declared stage)
-    validates each role's main argument spec (specfleet_rules argument_spec: main) before any
-    host work. Each import that skips it must be of a role so checked."""
+    play's settings check (playbooks/tasks/settings.yml: every declared stage's settings.yml, in
+    pipeline order) validates each role's main argument spec (specfleet_rules argument_spec:
+    main) before any host work. Each import that skips it must be of a role so checked."""
     provision = yaml.safe_load(PLAYBOOKS[0].read_text())[0]
-    loop = next(t for t in provision["pre_tasks"] if t.get("loop_control"))
-    assert loop["ansible.builtin.include_tasks"] == "tasks/settings.yml"
-    assert loop["loop"] == "{{ specfleet_stages.keys() | list }}"
+    check = next(t for t in provision["pre_tasks"] if "settings" in t["name"])
+    assert check["ansible.builtin.import_tasks"] == "tasks/settings.yml"
+    blocks = yaml.safe_load((PLAYBOOKS[0].parent / "tasks" / "settings.yml").read_text())
+    imported = [block["block"][0]["ansible.builtin.import_role"] for block in blocks]
+    assert [role["name"] for role in imported] == list(declarations()), imported
+    assert all(role["tasks_from"] == "settings.yml" for role in imported), imported
+    for block, role in zip(blocks, imported):
+        assert block["when"] == "specfleet_host_stopped is not defined", block["name"]
+        refused = block["rescue"][0]
+        assert refused["ansible.builtin.include_tasks"] == "settings_refused.yml"
+        assert refused["vars"] == {"_specfleet_settings_role": role["name"]}, block["name"]
     skipped = []
     for playbook in PLAYBOOKS:
         for play in yaml.safe_load(playbook.read_text()):

@@ -65,23 +65,28 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "pending": ({"train_from_converted_": False}, {"data": "pending"}, {"check_mode": True}),
         "unknown_setting": ({}, {"data": "d1"}, {}),
     }
-    played = run_cases(
-        tmp_path_factory.mktemp("upstream"),
-        [
-            {
-                "name": name,
-                "specfleet_stage_upstream": {
-                    "stage": "train",
-                    "stage_runs": runs,
-                    "run_results": {"data": {"status": "would_run"}},
-                },
-                "vars": task_vars,
-                **keywords,
-            }
-            for name, (task_vars, runs, keywords) in cases.items()
-        ],
-        {"specfleet_stages": GRAPH},
-    )
+    # What the pending case left as facts, read by the next task (the stage's later ones).
+    facts = {
+        "name": "facts_after_pending",
+        "ansible.builtin.debug": {
+            "msg": "{{ {'runs': specfleet_stage_runs, 'results': specfleet_run_results} }}"
+        },
+    }
+    tasks = [
+        {
+            "name": name,
+            "specfleet_stage_upstream": {
+                "stage": "train",
+                "stage_runs": runs,
+                "run_results": {"data": {"status": "would_run"}},
+            },
+            "vars": task_vars,
+            **keywords,
+        }
+        for name, (task_vars, runs, keywords) in cases.items()
+    ]
+    tasks.insert(list(cases).index("pending") + 1, facts)
+    played = run_cases(tmp_path_factory.mktemp("upstream"), tasks, {"specfleet_stages": GRAPH})
     return {"results": played.results, "stdout": played.stdout}
 
 
@@ -94,7 +99,8 @@ def test_a_conditional_edge_follows_its_setting(results: dict[str, Any]) -> None
 
 def test_a_missing_upstream_stage_is_named_with_what_to_run(results: dict[str, Any]) -> None:
     missing = results["results"]["missing"]
-    assert not missing.get("failed"), missing  # upstream_blocked.yml stops and records it
+    # The task fails, before any work: the stage role's rescue records it as the stage's failure.
+    assert missing["failed"] is True, missing
     assert missing["missing"] == ["convert"]
     assert missing["msg"].startswith("train needs convert (the converted draft): no stamp of it")
 
@@ -113,6 +119,9 @@ def test_in_check_mode_a_pending_upstream_plans_the_stage_as_would_run(
     }
     assert pending["run_results"]["data"] == {"status": "would_run"}
     assert f"[localhost] {pending['msg']}" in results["stdout"]
+    # Set as facts too, as set_fact would, for the tasks after it.
+    facts = results["results"]["facts_after_pending"]["msg"]
+    assert facts == {"runs": pending["stage_runs"], "results": pending["run_results"]}
 
 
 def test_an_undefined_needs_if_setting_is_named(results: dict[str, Any]) -> None:

@@ -9,18 +9,30 @@
     one the role would run).
 ``close`` (roles/validate/tasks/collect.yml, at the report):
     the verification of the stamped stages this run did not check, what the work root
-    records, the installed versions, then the host lock released.
+    records, the installed versions, the work root's signature, then the host lock released.
+
+The signature (``close --signature-root``) is a sha256 of what is on disk under the work
+root, read from stat alone, as git's index tells a changed file: every entry's path and type,
+a file's size, modification time, inode and mode, a directory's mode (not its modification
+time: its entries are listed), a link's target. Left out: the host lock (every run takes it),
+the logs (a service left serving appends to its log; no check reads a log) and the venv's
+thousands of files, which count by its configuration and its package directories'
+modification times (an install or removal changes them; the installed versions are reported
+beside). The validate role reuses the artifact suite's verdict for a host while
+its signature and the rest of what the suite reads are unchanged
+(specfleet_helpers.report.artifact_suite).
 
 Prints one JSON line; the lock part is host_lock's own (acquire: {acquired, changed, broke},
 release: {released}), with ``state`` ({stamps, failures, environment}), ``verification``
 ({stage: stage_verify result}) and, for open, ``files`` ({path: {sha1, mode} | null}), for
-close, ``versions`` added. Exit status as host_lock:
+close, ``versions`` and ``signature`` added. Exit status as host_lock:
 0 done; 4 held by another run (open); 1 other failures; 2 bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -35,6 +47,10 @@ from specfleet_helpers.host import host_lock, stamps
 
 PROG = "python -m specfleet_helpers.host.session"
 LAYOUT_MODE = 0o750
+# What the signature leaves out, relative to the work root: the lock every run takes, the logs
+# (appended to by a service left serving), and the venv, which counts by VENV_MARKERS.
+SIGNATURE_SKIP = ("run/lock.json", "logs", "venv")
+VENV_MARKERS = ("pyvenv.cfg", "bin", "lib/python*/site-packages", "lib64/python*/site-packages")
 
 
 def lay_out(dirs: list[Path]) -> None:
@@ -60,6 +76,46 @@ def file_facts(paths: list[Path]) -> dict[str, Optional[dict[str, str]]]:
             continue
         facts[str(path)] = {"sha1": hashlib.sha1(data).hexdigest(), "mode": f"{mode:04o}"}
     return facts
+
+
+def _entry(name: str, path: str, info: os.stat_result) -> str:
+    mode = f"{stat.S_IMODE(info.st_mode):04o}"
+    if stat.S_ISDIR(info.st_mode):
+        return f"d {mode} {name}"
+    if stat.S_ISLNK(info.st_mode):
+        return f"l {name} -> {os.readlink(path)}"
+    kind = f"{stat.S_IFMT(info.st_mode):o}"
+    return f"f{kind} {mode} {info.st_size} {info.st_mtime_ns} {info.st_ino} {name}"
+
+
+def tree_signature(root: Path) -> Optional[str]:
+    """sha256 of the stat facts of `root` and everything under it (module docstring), None
+    when `root` is not a directory. Entries that vanish while it walks are left out."""
+    if not root.is_dir():
+        return None
+    lines = [_entry(".", str(root), os.lstat(root))]
+    skip = set(SIGNATURE_SKIP)
+    for top, dirs, files in os.walk(root):
+        relative_top = os.path.relpath(top, root)
+        dirs[:] = sorted(
+            d for d in dirs if os.path.normpath(os.path.join(relative_top, d)) not in skip
+        )
+        for name in dirs + sorted(files):
+            relative = os.path.normpath(os.path.join(relative_top, name))
+            if relative in skip:
+                continue
+            path = os.path.join(top, name)
+            try:
+                lines.append(_entry(relative, path, os.lstat(path)))
+            except OSError:
+                continue
+    for pattern in VENV_MARKERS:
+        for marker in sorted((root / "venv").glob(pattern)):
+            with contextlib.suppress(OSError):
+                info = marker.stat()
+                relative = marker.relative_to(root)
+                lines.append(f"venv {info.st_size} {info.st_mtime_ns} {relative}")
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _stages(text: str) -> set[str]:
@@ -158,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also print the installed versions of the interpreter that speculators_install's"
         " stamp names (stack_report)",
     )
+    cl.add_argument(
+        "--signature-root",
+        type=Path,
+        metavar="ROOT",
+        help="also print the signature of this work root (<specfleet_root>): a sha256 of its"
+        " files' stat facts",
+    )
     cl.add_argument("--lock", type=Path, help="<specfleet_root>/run/lock.json")
     cl.add_argument("--token", help="this run's token: release the lock when it holds it")
     return parser
@@ -190,6 +253,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     }
     if args.versions:
         result["versions"] = installed_versions(result["state"])
+    if args.signature_root is not None:
+        result["signature"] = tree_signature(args.signature_root)
     rc = 0
     if args.token is not None:
         args.command = "release"

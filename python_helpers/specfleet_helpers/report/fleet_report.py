@@ -51,6 +51,7 @@ from specfleet_helpers.report.formats import (
     parse_time,
     redone_stages,
 )
+from specfleet_helpers.report.testcases import testcase_host
 
 SCHEMA = "specfleet.fleet/1"
 # Input and output, as JSON Schema: the checkout's docs/ (this runs on the controller).
@@ -366,23 +367,8 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
 
 # --- artifact tests -----------------------------------------------------------------------
 
-TESTCASE_ID = re.compile(r"^(?P<test>[^\[]+)\[(?P<param>.*)\]$")
-
-
-def _host_of(param: str, hosts: list[str]) -> Optional[tuple[str, str]]:
-    """(host, remaining parameter id) for a testinfra id like 'ansible://a2-node1' or
-    'ansible://a2-node1-extra' (another parametrization after the host)."""
-    bare = param.split("://", 1)[1] if "://" in param else param
-    candidates = [bare]
-    if "@" in bare:
-        candidates.append(bare.split("@", 1)[1])  # ssh://user@host
-    for candidate in candidates:
-        if candidate in hosts:
-            return candidate, ""
-        for host in sorted(hosts, key=len, reverse=True):
-            if candidate.startswith(host + "-"):
-                return host, candidate[len(host) + 1 :]
-    return None
+# The property artifact_suite puts on a test case it took from an earlier run's pass.
+REUSED_FROM = "specfleet_reused_from"
 
 
 def read_artifact_junit(path: Path, hosts: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -401,12 +387,10 @@ def read_artifact_junit(path: Path, hosts: list[str]) -> dict[str, list[dict[str
     by_host: dict[str, list[dict[str, Any]]] = {}
     for case in root.iter("testcase"):
         name = case.get("name", "")
-        match = TESTCASE_ID.match(name)
-        found = _host_of(match["param"], hosts) if match else None
-        if not match or found is None:
+        found = testcase_host(name, hosts)
+        if found is None:
             continue
-        host, rest = found
-        test = match["test"] + (f"[{rest}]" if rest else "")
+        test, host = found
         problem = case.find("failure")
         if problem is None:
             problem = case.find("error")
@@ -427,6 +411,9 @@ def read_artifact_junit(path: Path, hosts: list[str]) -> dict[str, list[dict[str
             seconds = float(case.get("time", "0"))
         except ValueError:
             seconds = 0.0
+        reused_from = next(
+            (p.get("value") for p in case.iter("property") if p.get("name") == REUSED_FROM), None
+        )
         by_host.setdefault(host, []).append(
             {
                 "name": name,
@@ -436,21 +423,26 @@ def read_artifact_junit(path: Path, hosts: list[str]) -> dict[str, list[dict[str
                 "message": message,
                 "text": text,
                 "time": seconds,
+                "reused_from": reused_from,
             }
         )
     return by_host
 
 
 def artifact_summary(cases: Optional[list[dict[str, Any]]]) -> dict[str, Any]:
+    """The host's artifact tests, counted; `reused_from` names the report whose verdict stands
+    for this run when the suite was not run again (nothing it reads changed: artifact_suite)."""
     if not cases:
         return {"ran": False}
     count = {o: sum(c["outcome"] == o for c in cases) for o in ("passed", "failed", "skipped")}
+    reused = {c.get("reused_from") for c in cases}
     return {
         "ran": True,
         **count,
         "failures": [
             {"test": c["test"], "message": c["message"]} for c in cases if c["outcome"] == "failed"
         ],
+        "reused_from": reused.pop() if len(reused) == 1 else None,
     }
 
 

@@ -98,7 +98,9 @@ def artifact_cell(tests: dict[str, Any]) -> str:
     if tests["failed"]:
         return f"{tests['failed']} failed"
     cell = f"{tests['passed']}/{tests['passed'] + tests['failed']}"
-    return cell + (f", {tests['skipped']} skipped" if tests["skipped"] else "")
+    cell += f", {tests['skipped']} skipped" if tests["skipped"] else ""
+    # Not run again: nothing the suite reads changed since that report's pass.
+    return cell + (f" (as in {tests['reused_from']})" if tests.get("reused_from") else "")
 
 
 def fmt_positions(values: Any) -> str:
