@@ -558,6 +558,35 @@ def test_publish_runs_the_checker_lists_the_files_and_writes_the_stamp(tmp_path,
     assert stage_verify.verify(stamp)["status"] == "ok"
 
 
+def test_the_first_check_after_publish_reads_no_file_and_starts_no_checker(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    """publish keeps the checksums it computed and its checker's result, as a check keeps
+    them: the next run's verification reads only what changed since (the first no-op run after
+    a stage ran, on a host whose artifacts are many files)."""
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    top = artifacts(tmp_path / "ckpt")
+    state = tmp_path / "state"
+    state.mkdir()
+    argv, runs = counting_checker(tmp_path, {"rows": 10})
+    stamp = {**STAMP, "artifacts": {"checkpoint": str(top)}, "verify_argv": argv}
+    cli = ["publish", f"--state-dir={state}", f"--stamp-json={json.dumps(stamp)}"]
+    assert stage_verify.main([*cli, f"--checker-json={json.dumps(argv)}", str(top)]) == 0
+    capsys.readouterr()
+    assert runs_of(runs) == 1
+    read = counting_sha256(monkeypatch)
+    assert stage_verify.main(["check-all", f"--state-dir={state}"]) == 0
+    checked = json.loads(capsys.readouterr().out)["train"]
+    assert checked["status"] == "ok" and checked["checker"] == "kept", checked
+    assert read == [] and runs_of(runs) == 1
+    # Changed since: read again, and the checker started again.
+    time.sleep(0.05)
+    (top / "0" / "config.json").write_text('{"hidden_size": 128}')
+    assert stage_verify.main(["check-all", f"--state-dir={state}"]) == 0
+    assert json.loads(capsys.readouterr().out)["train"]["checker"] == "ran"
+    assert read == [top / "0" / "config.json"] and runs_of(runs) == 2
+
+
 def test_publish_with_the_metrics_a_role_read(tmp_path, capsys) -> None:
     top = artifacts(tmp_path / "models")
     state = tmp_path / "state"

@@ -266,17 +266,20 @@ def default_checker_results(state_dir: Path) -> Path:
     return state_dir.parent / "cache" / "checker-results.json"
 
 
-def _file_entry(path: Path) -> dict[str, Any]:
-    size = path.stat().st_size
-    entry: dict[str, Any] = {"size": size}
-    if size <= HASH_LIMIT_BYTES:
-        entry["sha256"] = sha256_of(path)
+def _file_entry(path: Path, index: HashIndex) -> dict[str, Any]:
+    stat = path.stat()
+    entry: dict[str, Any] = {"size": stat.st_size}
+    if stat.st_size <= HASH_LIMIT_BYTES:
+        entry["sha256"] = index.sha256(path, stat)
     return entry
 
 
-def manifest(paths: list[Path]) -> dict[str, Any]:
+def manifest(paths: list[Path], index: Optional[HashIndex] = None) -> dict[str, Any]:
     """What the artifact paths (files or directories) hold now. Symlinks are recorded as links
-    (a checkpoint's `checkpoint_best` names an epoch directory listed on its own)."""
+    (a checkpoint's `checkpoint_best` names an epoch directory listed on its own). With
+    `index`, the checksums computed go into it, so the next verification does not read the
+    files again."""
+    index = index or HashIndex(None)
     files: dict[str, Any] = {}
     links: dict[str, str] = {}
 
@@ -284,7 +287,7 @@ def manifest(paths: list[Path]) -> dict[str, Any]:
         if path.is_symlink():
             links[str(path)] = os.readlink(path)
         elif path.is_file():
-            files[str(path)] = _file_entry(path)
+            files[str(path)] = _file_entry(path, index)
 
     for top in paths:
         if top.is_dir() and not top.is_symlink():
@@ -460,14 +463,18 @@ def publish(
     paths: list[Path],
     checker: Optional[list[str]] = None,
     metrics: Optional[dict[str, Any]] = None,
+    index: Optional[HashIndex] = None,
+    results: Optional[CheckerResults] = None,
 ) -> dict[str, Any]:
     """Stamp a stage that just ran (roles/stage/tasks/finish.yml): its checker on the new
     artifacts (or the `metrics` its role already read), the manifest of `paths`, then the
     stamp, written at once. {"ok", "run_id", "metrics", "files", "output"}: `output` is the
-    checker's own words when it failed; nothing is written then."""
+    checker's own words when it failed; nothing is written then. With `index` and `results`,
+    the checksums and the checker's result are kept as a verification keeps them: the next
+    run's verification of these artifacts reads them again only where they changed."""
     try:
         fresh = run_checker(checker) if checker is not None else dict(metrics or {})
-        listed = manifest(paths)
+        listed = manifest(paths, index)
     except VerifyError as exc:
         return {
             "ok": False,
@@ -477,7 +484,12 @@ def publish(
             "output": exc.output or str(exc),
         }
     rid = stamp.get("run_id") or run_id(str(stamp["fingerprint"]), stamp.get("ended"))
-    stamps.write(state_dir, {**stamp, "run_id": rid, "metrics": fresh, "manifest": listed})
+    written = {**stamp, "run_id": rid, "metrics": fresh, "manifest": listed}
+    stamps.write(state_dir, written)
+    if results is not None and checker is not None and not live_part(fresh):
+        key = results.key(written, list(checker))
+        if key is not None:
+            results.put(str(written["stage"]), key, fresh)
     return {
         "ok": True,
         "run_id": rid,
@@ -596,7 +608,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         action="store_true",
         help="check the listed files only, not the checkers (the testinfra suite's form)",
     )
-    for command in (c, a):
+    for command in (pub, c, a):
         command.add_argument(
             "--index",
             type=Path,
@@ -618,16 +630,6 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"manifest: {exc}", file=sys.stderr)
             return 1
         return 0
-    if args.command == "publish":
-        result = publish(
-            args.state_dir,
-            json.loads(args.stamp_json),
-            args.paths,
-            checker=json.loads(args.checker_json) if args.checker_json else None,
-            metrics=json.loads(args.metrics_json) if args.metrics_json else None,
-        )
-        print(json.dumps(result, sort_keys=True))
-        return 0 if result["ok"] else 1
     index = HashIndex(
         None if str(args.index) == "none" else args.index or default_index(args.state_dir)
     )
@@ -636,6 +638,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         if str(args.checker_results) == "none"
         else args.checker_results or default_checker_results(args.state_dir)
     )
+    if args.command == "publish":
+        result = publish(
+            args.state_dir,
+            json.loads(args.stamp_json),
+            args.paths,
+            checker=json.loads(args.checker_json) if args.checker_json else None,
+            metrics=json.loads(args.metrics_json) if args.metrics_json else None,
+            index=index,
+            results=kept,
+        )
+        index.save()
+        kept.save()
+        print(json.dumps(result, sort_keys=True))
+        return 0 if result["ok"] else 1
     if args.command == "check-all":
         skip = {s for s in args.skip.split(",") if s}
         results = check_all(args.state_dir, skip, not args.files_only, index, kept)
