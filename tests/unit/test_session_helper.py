@@ -199,10 +199,12 @@ def test_close_signs_the_work_root_by_what_stat_tells(root: Path):
 
     first = signature()
     assert len(first) == 64 and signature() == first
-    # Every run takes and drops the lock; a service appends to its log; files deep in the venv
-    # count by its markers only.
+    # Every run takes and drops the lock; a service appends to its log; a verification updates
+    # its caches; files deep in the venv count by its markers only.
     (root / "run" / "lock.json").write_text("{}")
     (root / "logs" / "serve.log").write_text("GET /health 200\n")
+    (root / "cache").mkdir(exist_ok=True)
+    (root / "cache" / "sha256-index.json").write_text("{}")  # a verification's own cache
     (root / "venv" / "lib" / "python3.11" / "site-packages" / "pkg" / "mod.py").write_text("x")
     os.utime(root / "venv" / "lib" / "python3.11" / "site-packages", ns=(1, 1))
     settled = signature()

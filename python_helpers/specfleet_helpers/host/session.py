@@ -15,10 +15,11 @@ The signature (``close --signature-root``) is a sha256 of what is on disk under 
 root, read from stat alone, as git's index tells a changed file: every entry's path and type,
 a file's size, modification time, inode and mode, a directory's mode (not its modification
 time: its entries are listed), a link's target. Left out: the host lock (every run takes it),
-the logs (a service left serving appends to its log; no check reads a log) and the venv's
-thousands of files, which count by its configuration and its package directories'
-modification times (an install or removal changes them; the installed versions are reported
-beside). The validate role reuses the artifact suite's verdict for a host while
+the logs (a service left serving appends to its log; no check reads a log), the verifier's
+caches (cache/: the hash index and kept checker results a verification updates as it goes;
+what they stand for is the files, which are in) and the venv's thousands of files, which
+count by its configuration and its package directories' modification times (an install or
+removal changes them; the installed versions are reported beside). The validate role reuses the artifact suite's verdict for a host while
 its signature and the rest of what the suite reads are unchanged
 (specfleet_helpers.report.artifact_suite).
 
@@ -48,8 +49,9 @@ from specfleet_helpers.host import host_lock, stamps
 PROG = "python -m specfleet_helpers.host.session"
 LAYOUT_MODE = 0o750
 # What the signature leaves out, relative to the work root: the lock every run takes, the logs
-# (appended to by a service left serving), and the venv, which counts by VENV_MARKERS.
-SIGNATURE_SKIP = ("run/lock.json", "logs", "venv")
+# (appended to by a service left serving), the verifier's caches (updated by a verification),
+# and the venv, which counts by VENV_MARKERS.
+SIGNATURE_SKIP = ("run/lock.json", "logs", "cache", "venv")
 VENV_MARKERS = ("pyvenv.cfg", "bin", "lib/python*/site-packages", "lib64/python*/site-packages")
 
 
