@@ -19,9 +19,9 @@ the logs (a service left serving appends to its log; no check reads a log), the 
 caches (cache/: the hash index and kept checker results a verification updates as it goes;
 what they stand for is the files, which are in) and the venv's thousands of files, which
 count by its configuration and its package directories' modification times (an install or
-removal changes them; the installed versions are reported beside). The validate role reuses the artifact suite's verdict for a host while
-its signature and the rest of what the suite reads are unchanged
-(specfleet_helpers.report.artifact_suite).
+removal changes them; the installed versions are reported beside). The validate role reuses
+the artifact suite's verdict for a host while its signature and the rest of what the suite
+reads are unchanged (specfleet_helpers.report.artifact_suite).
 
 Prints one JSON line; the lock part is host_lock's own (acquire: {acquired, changed, broke},
 release: {released}), with ``state`` ({stamps, failures, environment}), ``verification``
