@@ -37,11 +37,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from specfleet_helpers.files import write_atomic
-from specfleet_helpers.report.testcases import testcase_host
+from specfleet_helpers.report.testcases import REUSED_FROM, testcase_host
 
 PROG = "python -m specfleet_helpers.report.artifact_suite"
-# What fleet_report reads (REUSED_FROM there): the report whose pass a test case comes from.
-REUSED = "specfleet_reused_from"
 
 
 def suite_digest(suite: Path) -> str:
@@ -80,18 +78,22 @@ def load_record(cache_dir: Path, host: str) -> Optional[dict[str, Any]]:
     return record if isinstance(record, dict) else None
 
 
-def reusable(record: Optional[Mapping[str, Any]], key: Optional[str]) -> bool:
-    """A record stands for this run when its key is this one and it holds test cases, none of
-    them failed (only a full pass is recorded; this guards a record written otherwise)."""
+def reusable_cases(
+    record: Optional[Mapping[str, Any]], key: Optional[str]
+) -> Optional[list[ET.Element]]:
+    """The record's test cases when it stands for this run: its key is this one and it holds
+    test cases, none of them failed (only a full pass is recorded; this guards a record
+    written otherwise). None when it does not."""
     if key is None or not record or record.get("key") != key:
-        return False
-    cases = record.get("testcases")
-    if not isinstance(cases, list) or not cases:
-        return False
+        return None
+    recorded = record.get("testcases")
+    if not isinstance(recorded, list) or not recorded:
+        return None
     try:
-        return all(not _failed(ET.fromstring(case)) for case in cases)
-    except ET.ParseError:
-        return False
+        cases = [ET.fromstring(case) for case in recorded]
+    except (ET.ParseError, TypeError):
+        return None
+    return None if any(_failed(case) for case in cases) else cases
 
 
 def _failed(case: ET.Element) -> bool:
@@ -117,8 +119,8 @@ def mark_reused(case: ET.Element, report_id: str) -> ET.Element:
     if properties is None:
         properties = ET.Element("properties")
         case.insert(0, properties)
-    if not any(p.get("name") == REUSED for p in properties):
-        ET.SubElement(properties, "property", name=REUSED, value=report_id)
+    if not any(p.get("name") == REUSED_FROM for p in properties):
+        ET.SubElement(properties, "property", name=REUSED_FROM, value=report_id)
     return case
 
 
@@ -195,9 +197,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     reused: dict[str, str] = {}
     for host in hosts:
         record = None if args.no_reuse else load_record(args.cache_dir, host)
-        if record is not None and reusable(record, keys[host]):
+        kept = reusable_cases(record, keys[host])
+        if record is not None and kept is not None:
             since = str(record.get("report_id") or "?")
-            cases[host] = [mark_reused(ET.fromstring(c), since) for c in record["testcases"]]
+            cases[host] = [mark_reused(case, since) for case in kept]
             reused[host] = since
     tested = [host for host in hosts if host not in reused]
     rc: Optional[int] = None

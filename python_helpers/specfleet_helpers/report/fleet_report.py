@@ -51,7 +51,7 @@ from specfleet_helpers.report.formats import (
     parse_time,
     redone_stages,
 )
-from specfleet_helpers.report.testcases import testcase_host
+from specfleet_helpers.report.testcases import REUSED_FROM, testcase_host
 
 SCHEMA = "specfleet.fleet/1"
 # Input and output, as JSON Schema: the checkout's docs/ (this runs on the controller).
@@ -366,9 +366,6 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
 
 
 # --- artifact tests -----------------------------------------------------------------------
-
-# The property artifact_suite puts on a test case it took from an earlier run's pass.
-REUSED_FROM = "specfleet_reused_from"
 
 
 def read_artifact_junit(path: Path, hosts: list[str]) -> dict[str, list[dict[str, Any]]]:

@@ -10,6 +10,9 @@ import re
 from typing import Optional
 
 TESTCASE_ID = re.compile(r"^(?P<test>[^\[]+)\[(?P<param>.*)\]$")
+# The property artifact_suite puts on a test case it took from an earlier run's pass, naming
+# that run's report; fleet_report reads it back as the host's `reused_from`.
+REUSED_FROM = "specfleet_reused_from"
 
 
 def host_of(param: str, hosts: list[str]) -> Optional[tuple[str, str]]:
