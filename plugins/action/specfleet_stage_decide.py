@@ -1,6 +1,9 @@
 """specfleet_stage_decide: whether one stage must run, in one task (roles/stage/tasks/begin.yml).
 
-The stage's declared inputs (roles/specfleet/vars/main/stages.yml) and its rendered script are
+First the stage's declared preconditions (roles/specfleet/vars/main/stages.yml), rules on its
+settings against what its upstream stages made, checked as specfleet_rules checks rules
+(plugins/plugin_utils/rules.py): the first refusal fails the task with its message, before
+anything else is templated. Then the stage's declared inputs and its rendered script are
 hashed into a fingerprint and compared with its stamp. A forced stage, a missing stamp or a
 changed fingerprint gives the reason to run at once; otherwise the artifacts of the previous
 run are checked by the one verifier (checks/stage_verify.py: every file the stamp lists, then
@@ -18,21 +21,29 @@ callback prints as `[host] <line>` (the result itself is long: it holds the scri
       specfleet_stage_decide:
         stage: train
         inputs: "{{ stage_declared.inputs }}"
-        script: "{{ lookup('ansible.builtin.template', ...) }}"
+        script_template: "{{ stage_script_template }}"   # or script: the text, rendered
         ...
       register: stage_decision
+
+The script template is rendered as lookup('ansible.builtin.template') renders it, without the
+lookup's copy of every variable of the task (_render_script).
 
 Returns redo, reason, fingerprint, inputs (with script_sha256), script, previous (the stamp),
 checker, stage_runs / run_results (the play's specfleet_stage_runs and specfleet_run_results
 with this stage's entry) and metrics. It sets those two as facts, and stage_outcome ({ran,
 metrics}), as set_fact would: a set_fact task of its own after every decision cost each stage
-a task on every run, no-op runs included.
+a task on every run, no-op runs included. A stage that stays up to date also gets its
+declared `exposes` set as facts (templated with that stage_outcome; `exposed` names them):
+what its role set in a task of its own before. A stage that runs sets them when it ends
+(roles/stage/tasks/redo.yml, plugins/action/specfleet_facts.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+from collections import ChainMap
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,6 +51,8 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase, VariableLayer
 from ansible.plugins.filter.core import get_hash, to_json
+from ansible.template import trust_as_template
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.rules import check_rules
 
 # What the check prints at most into the reason (the stamp and the report show the reason).
 REASON_OUTPUT_CHARS = 300
@@ -48,6 +61,7 @@ OPTIONS: dict[str, type | tuple[type, ...]] = {
     "stage": str,
     "inputs": Mapping,
     "script": (str, type(None)),
+    "script_template": (str, type(None)),
     "stamp": Mapping,
     "forced": bool,
     "verifier": (list, str),
@@ -61,6 +75,9 @@ OPTIONS: dict[str, type | tuple[type, ...]] = {
     "env": Mapping,
 }
 REQUIRED = {"stage", "inputs", "stamp", "state_dir", "python"}
+# Templated by the action once the stage's preconditions hold, not before the task: a refused
+# precondition names the setting, where templating what it guards could fail obscurely.
+LAZY = ("inputs", "script", "verifier", "unlisted")
 
 
 def fingerprint(inputs: Mapping[str, Any]) -> str:
@@ -136,10 +153,24 @@ class ActionModule(ActionBase):
     _supports_check_mode = True
     _supports_async = False
 
+    @classmethod
+    def finalize_task_arg(cls, name: str, value: Any, templar: Any, context: Any) -> Any:
+        if name in LAZY:
+            return value
+        return super().finalize_task_arg(name, value, templar, context)
+
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         args = self._options()
         stage: str = args["stage"]
+        declared = self._declared(stage, task_vars or {})
+        refusal = self._preconditions(declared.get("preconditions"))
+        if refusal:
+            result.update(refusal, failed=True, changed=False, stage=stage)
+            return result
+        args.update(self._templated(args, LAZY))
+        if args.get("script_template"):
+            args["script"] = self._render_script(str(args["script_template"]))
         stamp: Mapping[str, Any] = args["stamp"]
         check_mode = bool(self._task.check_mode)
         decided = plan(args["inputs"], stamp, args.get("forced", False), args.get("script"))
@@ -197,16 +228,93 @@ class ActionModule(ActionBase):
         )
         # What a user reads of this task (plugins/callback/progress.py prints it).
         result["specfleet_plan"] = result["msg"]
-        self._set_facts(
-            {
-                "specfleet_stage_runs": stage_runs,
-                "specfleet_run_results": run_results,
-                # finish.yml replaces the metrics with the new run's (in --check mode a stage
-                # that would run keeps the old ones).
-                "stage_outcome": {"ran": redo, "metrics": result["metrics"]},
-            }
-        )
+        # finish.yml replaces the metrics with the new run's (in --check mode a stage that
+        # would run keeps the old ones).
+        outcome = {"ran": redo, "metrics": result["metrics"]}
+        facts = {
+            "specfleet_stage_runs": stage_runs,
+            "specfleet_run_results": run_results,
+            "stage_outcome": outcome,
+        }
+        if not redo:
+            # A stage that runs exposes its facts when it ends (redo.yml).
+            exposed = self._exposed(declared.get("exposes"), outcome)
+            result["exposed"] = sorted(exposed)
+            facts.update(exposed)
+        self._set_facts(facts)
         return result
+
+    @staticmethod
+    def _declared(stage: str, task_vars: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The stage's declaration as written (roles/specfleet/vars/main/stages.yml), not
+        templated: its preconditions are templated rule by rule, its exposes with the
+        decision's outcome. {} where there is none (a test's own stage)."""
+        declared = task_vars.get("specfleet_stages")
+        entry = declared.get(stage) if isinstance(declared, Mapping) else None
+        return entry if isinstance(entry, Mapping) else {}
+
+    def _preconditions(self, rules: Any) -> dict[str, Any] | None:
+        """The first refused precondition ({msg, rule, assertion}), or None."""
+        if rules is None:
+            return None
+        if not isinstance(rules, list):
+            raise AnsibleActionFail(
+                "specfleet_stage_decide: the stage's preconditions must be a list of rules"
+            )
+        counts: dict[str, int] = {}
+        return check_rules(
+            self._templar, rules, self._templar.available_variables, counts, "preconditions"
+        )
+
+    def _render_script(self, path: str) -> str:
+        """The stage's script template, rendered as lookup('ansible.builtin.template') renders
+        it (its directory first in the include path, no backslash escaping), over the task's
+        variables without copying them: the lookup deep-copies every variable of the task
+        first, 40 % of its time here (its own FIXME asks for this ChainMap)."""
+        try:
+            text = self._loader.get_text_file_contents(path)
+        except Exception as exc:  # a missing or unreadable template: name it
+            raise AnsibleActionFail(
+                f"specfleet_stage_decide: the script template {path} could not be read: {exc}"
+            ) from exc
+        variables = self._templar.available_variables
+        searchpath = [os.path.dirname(path)]
+        for place in variables.get("ansible_search_path") or []:
+            searchpath += [os.path.join(place, "templates"), place]
+        templar = self._templar.copy_with_new_env(
+            available_variables=ChainMap({}, variables), searchpath=searchpath
+        )
+        return str(templar.template(trust_as_template(text), escape_backslashes=False))
+
+    def _templated(self, args: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+        """The lazy options among `names`, templated and type-checked."""
+        done: dict[str, Any] = {}
+        for name in names:
+            if name not in args:
+                continue
+            value = self._templar.template(args[name])
+            if value is not None and not isinstance(value, OPTIONS[name]):
+                raise AnsibleActionFail(
+                    f"specfleet_stage_decide: {name} is a {type(value).__name__}, "
+                    f"expected {OPTIONS[name]}"
+                )
+            done[name] = value
+        if "inputs" in names and done.get("inputs") is None:
+            raise AnsibleActionFail("specfleet_stage_decide: missing option(s) inputs")
+        return done
+
+    def _exposed(self, expose: Any, outcome: Mapping[str, Any]) -> dict[str, Any]:
+        """The stage's declared facts (its `exposes`), templated with this decision's
+        stage_outcome: what a stage that did not run gives its later stages."""
+        if expose is None:
+            return {}
+        scope = ChainMap({"stage_outcome": outcome}, self._templar.available_variables)
+        value = self._templar.copy_with_new_env(available_variables=scope).template(expose)
+        if not isinstance(value, Mapping):
+            raise AnsibleActionFail(
+                f"specfleet_stage_decide: exposes is a {type(value).__name__}, expected a mapping"
+            )
+        return dict(value)
 
     def _set_facts(self, facts: dict[str, Any]) -> None:
         """The facts as set_fact sets them (the play's facts, above role and play vars), not
@@ -228,6 +336,8 @@ class ActionModule(ActionBase):
                 f"specfleet_stage_decide: missing option(s) {', '.join(sorted(missing))}"
             )
         for name, value in args.items():
+            if name in LAZY:
+                continue  # type-checked once templated (_templated)
             if value is not None and not isinstance(value, OPTIONS[name]):
                 raise AnsibleActionFail(
                     f"specfleet_stage_decide: {name} is a {type(value).__name__}, "

@@ -461,7 +461,7 @@ def test_ara_records_the_run_and_its_cli_reads_it_back(runs: dict[str, Future[An
     tasks = ara(database, "task", "list", "--playbook", str(recorded["id"]), "--limit", "1000")
     names = {t["name"] for t in tasks}
     # the plays' own tasks, from npu_env's checks to the report
-    assert any("Check the CPU-profile host" in n for n in names), sorted(names)
+    assert any("Check the CPU profile's Python" in n for n in names), sorted(names)
     assert any("fleet report" in n for n in names), sorted(names)
     results = ara(database, "result", "list", "--playbook", str(recorded["id"]), "--limit", "1000")
     assert len(results) >= len(tasks) - 5 and all(r["duration"] is not None for r in results)

@@ -5,10 +5,16 @@ environment variable it sets) happens again."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[2]
+# The collection link `make setup` makes (scripts/setup-controller): plugins import the
+# collection's plugin_utils by their full name, as they do under Ansible.
+COLLECTIONS = REPO / ".collections"
+if str(COLLECTIONS) not in sys.path:
+    sys.path.append(str(COLLECTIONS))
 
 
 def load_plugin(relative: str) -> ModuleType:

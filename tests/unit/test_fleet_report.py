@@ -919,3 +919,25 @@ def test_the_measured_speedup_per_host(tmp_path):
     (tmp_path / "g").mkdir()
     plain = run(tmp_path / "g", green_fleet()).out
     assert "Speculative decoding, measured" not in (plain / "fleet.md").read_text()
+
+
+def test_cached_templates_render_the_same_report(tmp_path, monkeypatch):
+    # The module-wide environments get the cache: restored after the test.
+    monkeypatch.setattr(fleet_report.MARKDOWN, "bytecode_cache", None)
+    monkeypatch.setattr(fleet_report.fleet_html.HTML, "bytecode_cache", None)
+    # As in a new process: no template loaded yet.
+    monkeypatch.setattr(fleet_report.MARKDOWN, "cache", {})
+    monkeypatch.setattr(fleet_report.fleet_html.HTML, "cache", {})
+    src = tmp_path / "hosts.json"
+    src.write_text(json.dumps(green_fleet()))
+    cache = tmp_path / "cache"
+    outputs = []
+    for name in ("first", "second"):
+        out = tmp_path / name
+        argv = ["--input", str(src), "--out-dir", str(out), f"--index={tmp_path}"]
+        assert fleet_report.main([*argv, f"--cache-dir={cache}"]) == 0
+        outputs.append({f: (out / f).read_text() for f in ("fleet.md", "fleet.html")})
+    # Compiled once, on the first report: fleet.md's, fleet.html's and the index's templates.
+    assert len(list(cache.glob("__jinja2_*.cache"))) == 3
+    assert outputs[0]["fleet.md"] == outputs[1]["fleet.md"]
+    assert all("a950-node1" in output["fleet.html"] for output in outputs)

@@ -126,6 +126,16 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert published["ok"], published
     stamp_now = json.loads((state / "train.json").read_text())
     (state / "train.failed.json").write_text("{}\n")
+    # A script template as the stage templates are: variables, an include beside it, quoting
+    # filters, backslashes and trailing newlines.
+    templates = work / "templates"
+    templates.mkdir()
+    (templates / "part.sh.j2").write_text("echo part {{ demo_epochs }}\n")
+    (templates / "stage.sh.j2").write_text(
+        "#!/usr/bin/env bash\n{% include 'part.sh.j2' %}\n"
+        "printf '%s\\n' {{ demo_name | quote }} \\\n  --flag\n"
+        "{% for i in range(2) %}\necho {{ i }}\n{% endfor %}\n\n"
+    )
 
     common = {
         "stage": "train",
@@ -151,9 +161,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 "name": "facts_after_up_to_date",
                 "ansible.builtin.debug": {
                     "msg": "{{ {'runs': specfleet_stage_runs, 'results': specfleet_run_results,"
-                    " 'outcome': stage_outcome} }}"
+                    " 'outcome': stage_outcome, 'rows': specfleet_demo_rows,"
+                    " 'epochs': specfleet_demo_epochs} }}"
                 },
             },
+            # A refused precondition: its message, and nothing it guards is templated.
+            case(
+                "precondition_refused",
+                {"vars": {"demo_layers": 2}},
+                inputs="{{ undefined_until_the_preconditions_hold }}",
+            ),
+            {"name": "set_facts", "specfleet_facts": {"facts": {"specfleet_set": {"a": [1]}}}},
+            {"name": "facts_after_set_facts", "ansible.builtin.debug": {"var": "specfleet_set"}},
+            {"name": "set_facts_bad_name", "specfleet_facts": {"facts": {"not a name": 1}}},
             case("changed_input", inputs={"epochs": 2}),
             case("changed_input_check", {"check_mode": True}, inputs={"epochs": 2}),
             case("prechecked_bad", prechecked={"status": "failed", "output": "boom"}),
@@ -163,7 +183,38 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 "ansible.builtin.copy": {"dest": str(artifact), "content": "rows, edited\n"},
             },
             case("damaged"),
+            case("script_template", script=None, script_template=str(templates / "stage.sh.j2")),
+            {
+                "name": "script_by_lookup",
+                "ansible.builtin.debug": {
+                    "msg": "{{ lookup('ansible.builtin.template', '"
+                    + str(templates / "stage.sh.j2")
+                    + "') }}"
+                },
+            },
         ],
+        play_vars={
+            "demo_layers": 4,
+            "demo_epochs": 7,
+            "demo_name": "it's",
+            # The stage's declaration: its preconditions and exposes are read as written.
+            "specfleet_stages": {
+                "train": {
+                    "preconditions": [
+                        {
+                            "name": "demo_layers >= 3",
+                            "that": "_layers | int >= 3",
+                            "msg": "demo_layers is {{ _layers }}, expected at least 3",
+                            "vars": {"_layers": "{{ demo_layers }}"},
+                        }
+                    ],
+                    "exposes": {
+                        "specfleet_demo_rows": "{{ stage_outcome.metrics.rows }}",
+                        "specfleet_demo_epochs": "{{ demo_epochs | int }}",
+                    },
+                }
+            },
+        },
     )
     return {
         "results": played.results,
@@ -190,6 +241,26 @@ def test_an_up_to_date_stage_is_verified_on_the_host_and_skipped(run: dict[str, 
     facts = run["results"]["facts_after_up_to_date"]["msg"]
     assert facts["runs"] == r["stage_runs"] and facts["results"] == r["run_results"]
     assert facts["outcome"] == {"ran": False, "metrics": r["metrics"]}
+    # Its declared exposes, templated with this decision's outcome (the checker's rows).
+    assert r["exposed"] == ["specfleet_demo_epochs", "specfleet_demo_rows"]
+    assert facts["rows"] == 3 and facts["epochs"] == 7
+
+
+def test_a_refused_precondition_fails_the_stage_with_its_message(run: dict[str, Any]) -> None:
+    r = run["results"]["precondition_refused"]
+    assert r["failed"] is True and r["msg"] == "demo_layers is 2, expected at least 3"
+    assert r["rule"] == "demo_layers >= 3" and "redo" not in r
+
+
+def test_a_stage_that_runs_exposes_nothing_with_its_decision(run: dict[str, Any]) -> None:
+    assert "exposed" not in run["results"]["changed_input"]
+
+
+def test_specfleet_facts_sets_named_facts_and_refuses_a_bad_name(run: dict[str, Any]) -> None:
+    assert run["results"]["set_facts"]["facts"] == ["specfleet_set"]
+    assert run["results"]["facts_after_set_facts"]["specfleet_set"] == {"a": [1]}
+    bad = run["results"]["set_facts_bad_name"]
+    assert bad["failed"] and "not a variable name: 'not a name'" in bad["msg"]
 
 
 def test_a_changed_input_redoes_the_stage_and_names_the_input(run: dict[str, Any]) -> None:
@@ -218,3 +289,11 @@ def test_a_damaged_artifact_redoes_the_stage_naming_the_file(run: dict[str, Any]
 def test_an_unknown_option_is_named(run: dict[str, Any]) -> None:
     r = run["results"]["unknown_option"]
     assert r["failed"] and "unknown option(s) epoch" in r["msg"]
+
+
+def test_the_script_template_renders_as_the_template_lookup_does(run: dict[str, Any]) -> None:
+    """The same text, byte for byte: its sha256 is an input of every stamp."""
+    rendered = run["results"]["script_template"]["script"]
+    assert rendered == run["results"]["script_by_lookup"]["msg"]
+    assert "echo part 7" in rendered and "'it'\"'\"'s'" in rendered and "\\n" in rendered
+    assert rendered.endswith("echo 1\n\n")

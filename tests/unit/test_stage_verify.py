@@ -412,20 +412,53 @@ def test_kept_results_depend_on_the_checker_and_the_stamp(tmp_path, monkeypatch)
     assert runs_of(runs) == 3
 
 
-def test_an_artifact_the_manifest_skips_is_never_served_from_kept_results(
+def test_an_unlisted_venv_is_kept_by_its_package_directories_and_never_walked(
     tmp_path, monkeypatch
 ) -> None:
-    """A venv (speculators_install's unlisted artifact): its checker reads what no stat covers,
-    so it always runs."""
+    """A venv (speculators_install's unlisted artifact) counts by its configuration, bin/ and
+    package directories: an install or a removal changes them, and its checker reads what
+    is installed."""
     monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
     argv, runs = counting_checker(tmp_path, {"rows": 10})
     venv = tmp_path / "venv"
-    (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").write_text("")
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "bin" / "python").symlink_to(sys.executable)
     stamp = {
         "stage": "speculators_install",
         "run_id": "r1",
-        "artifacts": {"venv": str(venv)},
+        "artifacts": {"venv": str(venv), "python": str(venv / "bin" / "python")},
+        "metrics": {"rows": 10},
+        "manifest": stage_verify.manifest([]),
+        "verify_argv": argv,
+    }
+    results = stage_verify.CheckerResults(tmp_path / "kept.json")
+    assert stage_verify.verify(stamp, results=results)["checker"] == "ran"
+    assert stage_verify.verify(stamp, results=results)["checker"] == "kept"
+    # A package installed: a new directory in site-packages.
+    time.sleep(0.05)
+    (site / "newpkg-1.0.dist-info").mkdir()
+    assert stage_verify.verify(stamp, results=results)["checker"] == "ran"
+    assert runs_of(runs) == 2
+    # Not walked: a real venv is ~50,000 files, a second of every run.
+    monkeypatch.setattr(stage_verify.os, "walk", lambda *_: pytest.fail("the venv was walked"))
+    assert stage_verify.CheckerResults.key(stamp, argv) is not None
+
+
+def test_an_unlisted_tree_that_is_not_a_venv_is_never_served_from_kept_results(
+    tmp_path, monkeypatch
+) -> None:
+    """A source tree (the git source's checkout) has no stat that stands for it."""
+    monkeypatch.setattr(stage_verify, "RACY_WINDOW_NS", 0)
+    argv, runs = counting_checker(tmp_path, {"rows": 10})
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    stamp = {
+        "stage": "speculators_install",
+        "run_id": "r1",
+        "artifacts": {"src": str(src)},
         "metrics": {"rows": 10},
         "manifest": stage_verify.manifest([]),
         "verify_argv": argv,
@@ -434,8 +467,6 @@ def test_an_artifact_the_manifest_skips_is_never_served_from_kept_results(
     for _ in range(2):
         assert stage_verify.verify(stamp, results=results)["checker"] == "ran"
     assert runs_of(runs) == 2
-    # Not walked either: a real venv is ~50,000 files, a second of every run.
-    monkeypatch.setattr(stage_verify.os, "walk", lambda *_: pytest.fail("the venv was walked"))
     assert stage_verify.CheckerResults.key(stamp, argv) is None
 
 

@@ -21,9 +21,13 @@ second write). On an NPU host this is what keeps a no-op run from re-reading gig
 
 The checkers' passing results are kept the same way (<root>/cache/checker-results.json): a
 checker is not started again while its argv, the stamp, the helpers' sources and every file
-under the stage's artifacts keep their stat. A stage whose artifacts the manifest does not list
-file by file (speculators_install's venv) is never served from it, nor is one with a file
-modified within RACY_WINDOW_NS; a checker that failed is never kept.
+under the stage's artifacts keep their stat. An artifact the manifest does not list file by
+file counts as a venv counts in the work root's signature (speculators_install's: its
+configuration, bin/ and package directories, whose modification times any install or removal
+changes; its checker reads the installed distributions' metadata) or, for a file (the
+interpreter), by its stat and its target's; any other such artifact (a source tree) means the
+checker runs every time, as does a file modified within RACY_WINDOW_NS; a checker that failed
+is never kept.
 
 Stamps written before manifests existed (specfleet_stamp_version 1 without `manifest`) are
 verified by the checker alone; with --record-missing (begin.yml) a passing check writes the
@@ -69,6 +73,9 @@ CHECKER_RESULTS_VERSION = 1
 # coarse file-system clock (FAT: 2 s), so its stat proves nothing: it is hashed next time too.
 RACY_WINDOW_NS = 3_000_000_000
 CHECKER_TIMEOUT_S = 900
+# What stands for a venv's ~50,000 files (relative to it): an install or a removal changes
+# them (the work root's signature counts a venv the same way: host/session.py).
+VENV_MARKERS = ("pyvenv.cfg", "bin", "lib/python*/site-packages", "lib64/python*/site-packages")
 # Metrics that are not facts of the files: how long something took, when it happened.
 TIMING_KEY = re.compile(r"(^|_)(s|ms|seconds|time|elapsed|duration|started|ended|at)$")
 # A checker's top-level keys that report the present state of something running (the serve
@@ -167,6 +174,19 @@ def _stat_entry(path: Path) -> list[Any]:
     return [str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev]
 
 
+def _unlisted_entries(top: Path) -> Optional[list[list[Any]]]:
+    """The stat entries that stand for an artifact the manifest does not list file by file: a
+    venv's markers, or a file and its target; None for anything else (the checker's result
+    is then not kept)."""
+    if top.is_dir() and not top.is_symlink():
+        if not (top / "pyvenv.cfg").is_file():
+            return None
+        return [_stat_entry(m) for pattern in VENV_MARKERS for m in sorted(top.glob(pattern))]
+    if top.is_file():
+        return [_stat_entry(top)] + ([_stat_entry(top.resolve())] if top.is_symlink() else [])
+    return None
+
+
 def _helpers_sources() -> list[list[Any]]:
     """What identifies this package's sources (a changed checker is a different checker): the
     stat of the source tree's files, or the sha256 of the zip session/helpers.yml ships (a run
@@ -202,11 +222,14 @@ class CheckerResults:
                 v for v in (stamp.get("artifacts") or {}).values() if isinstance(v, str) and v
             ):
                 top = Path(value)
-                # An artifact the manifest lists nothing of or under (a venv) is not walked:
-                # the result is not kept either way (below).
+                # An artifact the manifest lists nothing of or under (a venv) is not walked.
                 inside = value.rstrip(os.sep) + os.sep
                 if value not in listed and not any(path.startswith(inside) for path in listed):
-                    return None
+                    unlisted = _unlisted_entries(top)
+                    if unlisted is None:
+                        return None
+                    entries += unlisted
+                    continue
                 paths = [top]
                 if top.is_dir() and not top.is_symlink():
                     paths = []

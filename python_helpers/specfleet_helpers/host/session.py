@@ -52,7 +52,7 @@ LAYOUT_MODE = 0o750
 # (appended to by a service left serving), the verifier's caches (updated by a verification),
 # and the venv, which counts by VENV_MARKERS.
 SIGNATURE_SKIP = ("run/lock.json", "logs", "cache", "venv")
-VENV_MARKERS = ("pyvenv.cfg", "bin", "lib/python*/site-packages", "lib64/python*/site-packages")
+VENV_MARKERS = stage_verify.VENV_MARKERS
 
 
 def lay_out(dirs: list[Path]) -> None:

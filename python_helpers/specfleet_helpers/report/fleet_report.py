@@ -979,6 +979,14 @@ def point_latest(link: Path, report_dir: Path) -> None:
         tmp.symlink_to(target)
 
 
+def cache_templates(directory: Path) -> None:
+    """Keep fleet.md's, fleet.html's and the index's templates compiled in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cache = jinja2.FileSystemBytecodeCache(str(directory))
+    MARKDOWN.bytecode_cache = cache
+    fleet_html.HTML.bytecode_cache = cache
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m specfleet_helpers.report.fleet_report",
@@ -1016,6 +1024,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         "remove the older ones; 0 keeps every report",
     )
     parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="keep the report's templates compiled here (Jinja's bytecode cache, keyed by each"
+        " template's source): compiling them was most of a no-op run's report",
+    )
+    parser.add_argument(
         "--artifact-junit",
         type=Path,
         help="pytest junit XML of the testinfra artifact suite run against the hosts",
@@ -1043,6 +1057,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     report = build_report(doc, artifacts)
     try:
+        if args.cache_dir is not None:
+            cache_templates(args.cache_dir)
         write_report(report, artifacts, args.out_dir)
         if args.latest is not None:
             point_latest(args.latest, args.out_dir)
