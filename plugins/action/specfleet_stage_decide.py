@@ -41,18 +41,17 @@ what its role set in a task of its own before. A stage that runs sets them when 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from collections import ChainMap
 from collections.abc import Mapping
 from typing import Any
 
-from ansible.errors import AnsibleActionFail
+from ansible.errors import AnsibleActionFail, AnsibleFileNotFound
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase, VariableLayer
 from ansible.plugins.filter.core import get_hash, to_json
-from ansible.template import trust_as_template
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.rules import check_rules
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.templates import render_file
 
 # What the check prints at most into the reason (the stamp and the report show the reason).
 REASON_OUTPUT_CHARS = 300
@@ -268,23 +267,13 @@ class ActionModule(ActionBase):
 
     def _render_script(self, path: str) -> str:
         """The stage's script template, rendered as lookup('ansible.builtin.template') renders
-        it (its directory first in the include path, no backslash escaping), over the task's
-        variables without copying them: the lookup deep-copies every variable of the task
-        first, 40 % of its time here (its own FIXME asks for this ChainMap)."""
+        it, without the lookup's copy of every variable (plugins/plugin_utils/templates.py)."""
         try:
-            text = self._loader.get_text_file_contents(path)
-        except Exception as exc:  # a missing or unreadable template: name it
+            return render_file(self._templar, self._loader, path, self._templar.available_variables)
+        except (OSError, AnsibleFileNotFound) as exc:
             raise AnsibleActionFail(
                 f"specfleet_stage_decide: the script template {path} could not be read: {exc}"
             ) from exc
-        variables = self._templar.available_variables
-        searchpath = [os.path.dirname(path)]
-        for place in variables.get("ansible_search_path") or []:
-            searchpath += [os.path.join(place, "templates"), place]
-        templar = self._templar.copy_with_new_env(
-            available_variables=ChainMap({}, variables), searchpath=searchpath
-        )
-        return str(templar.template(trust_as_template(text), escape_backslashes=False))
 
     def _templated(self, args: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
         """The lazy options among `names`, templated and type-checked."""

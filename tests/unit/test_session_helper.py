@@ -92,6 +92,10 @@ def test_open_lays_out_the_root_takes_the_lock_and_verifies_the_named_stages(roo
     assert result["verification"]["data"]["status"] == "ok"
     assert set(result["state"]["stamps"]) == {"data", "train"}
     assert (root / "data.runs").read_text() == "1" and not (root / "train.runs").exists()
+    # The plays get each stamp's file list as its counts; the stamp on the host keeps it.
+    assert result["state"]["stamps"]["data"]["manifest"]["files"] == 1
+    on_host = json.loads((root / "state" / "data.json").read_text())
+    assert list(on_host["manifest"]["files"]) == [str(root / "out" / "data" / "weights.bin")]
 
 
 def test_open_recreates_a_removed_directory_of_the_layout(root: Path):
@@ -146,6 +150,40 @@ def test_close_on_its_own_holds_no_lock_and_reports_the_versions(root: Path):
     assert "released" not in result
     assert result["versions"]["executable"] == sys.executable
     assert (root / "run" / "lock.json").exists()
+
+
+def test_close_keeps_a_venvs_versions_while_its_packages_are_unchanged(root: Path):
+    """stack_report is asked once, then again only when a package is installed or removed."""
+    assert open_(root, "run-a")[0] == 0
+    venv = root / "venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    # The venv's python: a script that counts how often it is asked, then is this Python.
+    asked = root / "asked"
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\necho x >> "{asked}"\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    stamps.write(
+        root / "state",
+        {
+            "stage": "speculators_install",
+            "run_id": "s1",
+            "artifacts": {"python": str(python), "venv": str(venv)},
+        },
+    )
+
+    def versions() -> dict[str, Any]:
+        rc, result, err = session("close", f"--state-dir={root / 'state'}", "--versions")
+        assert rc == 0, err
+        return result["versions"]
+
+    first = versions()
+    assert first["executable"] and versions() == first
+    assert asked.read_text().count("x") == 1
+    (site / "newpkg-1.0.dist-info").mkdir()
+    assert versions() == first and asked.read_text().count("x") == 2
 
 
 def test_close_wants_the_lock_and_its_token_together(root: Path):

@@ -185,6 +185,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             case("damaged"),
             case("script_template", script=None, script_template=str(templates / "stage.sh.j2")),
             {
+                "name": "script_by_specfleet_lookup",
+                "ansible.builtin.debug": {
+                    "msg": "{{ lookup('specfleet.ascend.template', '"
+                    + str(templates / "stage.sh.j2")
+                    + "') }}"
+                },
+            },
+            {
                 "name": "script_by_lookup",
                 "ansible.builtin.debug": {
                     "msg": "{{ lookup('ansible.builtin.template', '"
@@ -291,9 +299,11 @@ def test_an_unknown_option_is_named(run: dict[str, Any]) -> None:
     assert r["failed"] and "unknown option(s) epoch" in r["msg"]
 
 
-def test_the_script_template_renders_as_the_template_lookup_does(run: dict[str, Any]) -> None:
+def test_scripts_render_as_the_builtin_template_lookup_renders_them(run: dict[str, Any]) -> None:
     """The same text, byte for byte: its sha256 is an input of every stamp."""
     rendered = run["results"]["script_template"]["script"]
     assert rendered == run["results"]["script_by_lookup"]["msg"]
+    # The same renderer as a lookup (plugins/lookup/template.py), for the other templates.
+    assert run["results"]["script_by_specfleet_lookup"]["msg"] == rendered
     assert "echo part 7" in rendered and "'it'\"'\"'s'" in rendered and "\\n" in rendered
     assert rendered.endswith("echo 1\n\n")

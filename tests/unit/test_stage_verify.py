@@ -495,12 +495,12 @@ def test_the_helpers_zip_stands_for_the_checkers_sources_by_its_content(
     shipped.write_bytes(b"PK one")
     module = ("specfleet_helpers", "checks", "stage_verify.py")
     monkeypatch.setattr(stage_verify, "__file__", str(shipped.joinpath(*module)))
-    before = stage_verify._helpers_sources()
+    before = stage_verify.helpers_sources()
     in_place = shipped.rename(tmp_path / "specfleet_helpers.zip")
     monkeypatch.setattr(stage_verify, "__file__", str(in_place.joinpath(*module)))
-    assert stage_verify._helpers_sources() == before
+    assert stage_verify.helpers_sources() == before
     in_place.write_bytes(b"PK two")
-    assert stage_verify._helpers_sources() != before
+    assert stage_verify.helpers_sources() != before
 
 
 def test_a_failed_or_racy_check_is_never_kept(tmp_path, monkeypatch) -> None:

@@ -33,3 +33,15 @@ def test_damaged_or_foreign_files_count_as_absent(tmp_path: Path) -> None:
 
 def test_missing_state_dir_reads_as_empty(tmp_path: Path) -> None:
     assert stamps.load_all(tmp_path / "absent") == {"stamps": {}, "failures": {}, "environment": {}}
+
+
+def test_manifest_counts_stand_for_the_file_list(tmp_path: Path, capsys) -> None:
+    manifest = {"version": 1, "files": {"/a": [1, "x"], "/b": [2, "y"]}, "links": {}}
+    write(tmp_path / "hidden_states.json", {"stage": "hidden_states", "manifest": manifest})
+    write(tmp_path / "models.json", {"stage": "models"})
+    assert stamps.main(["--state-dir", str(tmp_path), "--manifest-counts"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["stamps"]["hidden_states"]["manifest"] == {"version": 1, "files": 2, "links": 0}
+    assert out["stamps"]["models"] == {"stage": "models"}
+    # Without the flag, and on disk, the list itself.
+    assert stamps.load_all(tmp_path)["stamps"]["hidden_states"]["manifest"] == manifest

@@ -109,7 +109,7 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _read_cache(path: Optional[Path], version: int, field: str) -> dict[str, Any]:
+def read_cache(path: Optional[Path], version: int, field: str) -> dict[str, Any]:
     """`field` of a cache file of this `version`; {} when there is none, or it is damaged or
     of another version (everything is then computed again)."""
     if path is None:
@@ -123,7 +123,7 @@ def _read_cache(path: Optional[Path], version: int, field: str) -> dict[str, Any
     return {}
 
 
-def _write_cache(path: Path, version: int, field: str, content: dict[str, Any], what: str) -> None:
+def write_cache(path: Path, version: int, field: str, content: dict[str, Any], what: str) -> None:
     try:
         path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
         atomic.write_json_atomic(path, {"version": version, field: content})
@@ -137,7 +137,7 @@ class HashIndex:
 
     def __init__(self, path: Optional[Path]) -> None:
         self.path = path
-        self.entries: dict[str, Any] = _read_cache(path, INDEX_VERSION, "files")
+        self.entries: dict[str, Any] = read_cache(path, INDEX_VERSION, "files")
         self.changed = False
 
     @staticmethod
@@ -165,7 +165,7 @@ class HashIndex:
         if self.path is None or not self.changed:
             return
         kept = {name: entry for name, entry in self.entries.items() if os.path.lexists(name)}
-        _write_cache(self.path, INDEX_VERSION, "files", kept, "hash index")
+        write_cache(self.path, INDEX_VERSION, "files", kept, "hash index")
         self.changed = False
 
 
@@ -174,7 +174,7 @@ def _stat_entry(path: Path) -> list[Any]:
     return [str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev]
 
 
-def _unlisted_entries(top: Path) -> Optional[list[list[Any]]]:
+def unlisted_entries(top: Path) -> Optional[list[list[Any]]]:
     """The stat entries that stand for an artifact the manifest does not list file by file: a
     venv's markers, or a file and its target; None for anything else (the checker's result
     is then not kept)."""
@@ -187,7 +187,7 @@ def _unlisted_entries(top: Path) -> Optional[list[list[Any]]]:
     return None
 
 
-def _helpers_sources() -> list[list[Any]]:
+def helpers_sources() -> list[list[Any]]:
     """What identifies this package's sources (a changed checker is a different checker): the
     stat of the source tree's files, or the sha256 of the zip session/helpers.yml ships (a run
     that ships new helpers checks with them beside the old ones, then moves them in place:
@@ -205,7 +205,7 @@ class CheckerResults:
 
     def __init__(self, path: Optional[Path]) -> None:
         self.path = path
-        self.stages: dict[str, Any] = _read_cache(path, CHECKER_RESULTS_VERSION, "stages")
+        self.stages: dict[str, Any] = read_cache(path, CHECKER_RESULTS_VERSION, "stages")
         self.changed = False
 
     @staticmethod
@@ -225,7 +225,7 @@ class CheckerResults:
                 # An artifact the manifest lists nothing of or under (a venv) is not walked.
                 inside = value.rstrip(os.sep) + os.sep
                 if value not in listed and not any(path.startswith(inside) for path in listed):
-                    unlisted = _unlisted_entries(top)
+                    unlisted = unlisted_entries(top)
                     if unlisted is None:
                         return None
                     entries += unlisted
@@ -254,7 +254,7 @@ class CheckerResults:
             "fingerprint": stamp.get("fingerprint"),
             "metrics": stamp.get("metrics"),
             "artifacts": entries,
-            "helpers": _helpers_sources(),
+            "helpers": helpers_sources(),
         }
         return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
@@ -275,7 +275,7 @@ class CheckerResults:
     def save(self) -> None:
         if self.path is None or not self.changed:
             return
-        _write_cache(self.path, CHECKER_RESULTS_VERSION, "stages", self.stages, "checker results")
+        write_cache(self.path, CHECKER_RESULTS_VERSION, "stages", self.stages, "checker results")
         self.changed = False
 
 

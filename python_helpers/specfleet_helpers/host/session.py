@@ -24,7 +24,8 @@ the artifact suite's verdict for a host while its signature and the rest of what
 reads are unchanged (specfleet_helpers.report.artifact_suite).
 
 Prints one JSON line; the lock part is host_lock's own (acquire: {acquired, changed, broke},
-release: {released}), with ``state`` ({stamps, failures, environment}), ``verification``
+release: {released}), with ``state`` ({stamps, failures, environment}: each stamp's manifest as
+its counts, stamps.manifest_counts), ``verification``
 ({stage: stage_verify result}) and, for open, ``files`` ({path: {sha1, mode} | null}), for
 close, ``versions`` and ``signature`` added. Exit status as host_lock:
 0 done; 4 held by another run (open); 1 other failures; 2 bad usage.
@@ -53,6 +54,7 @@ LAYOUT_MODE = 0o750
 # and the venv, which counts by VENV_MARKERS.
 SIGNATURE_SKIP = ("run/lock.json", "logs", "cache", "venv")
 VENV_MARKERS = stage_verify.VENV_MARKERS
+VERSIONS_CACHE_VERSION = 1
 
 
 def lay_out(dirs: list[Path]) -> None:
@@ -137,13 +139,50 @@ def verification(state_dir: Path, only: Optional[set[str]], skip: set[str]) -> d
     return results
 
 
-def installed_versions(state: dict[str, Any]) -> dict[str, Any]:
+def versions_key(python: str, venv: Any) -> Optional[str]:
+    """What the interpreter's installed versions depend on, hashed: the interpreter, its venv's
+    package directories (an install or a removal changes them: stage_verify's VENV_MARKERS)
+    and the helpers' sources; None without a venv (an image's own Python: nothing stat-able
+    stands for its packages), and the versions are asked every time."""
+    if not isinstance(venv, str) or not venv:
+        return None
+    entries = [
+        stage_verify.unlisted_entries(Path(python)),
+        stage_verify.unlisted_entries(Path(venv)),
+    ]
+    if any(entry is None for entry in entries):
+        return None
+    material = {"python": python, "entries": entries, "helpers": stage_verify.helpers_sources()}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+def installed_versions(state: dict[str, Any], cache: Optional[Path] = None) -> dict[str, Any]:
     """stack_report's versions of the stage interpreter speculators_install's stamp names; {}
-    without that stamp or when the interpreter cannot tell (the report then shows none)."""
+    without that stamp or when the interpreter cannot tell (the report then shows none). With
+    `cache`, kept there while nothing they depend on changed (versions_key)."""
     install = state["stamps"].get("speculators_install") or {}
-    python = (install.get("artifacts") or {}).get("python")
+    artifacts = install.get("artifacts") or {}
+    python = artifacts.get("python")
     if not isinstance(python, str) or not python:
         return {}
+    key = versions_key(python, artifacts.get("venv")) if cache is not None else None
+    if key is not None:
+        kept = stage_verify.read_cache(cache, VERSIONS_CACHE_VERSION, "versions")
+        if kept.get("key") == key and isinstance(kept.get("versions"), dict):
+            return kept["versions"]
+    versions = _ask_versions(python)
+    if key is not None and versions:
+        stage_verify.write_cache(
+            cache,
+            VERSIONS_CACHE_VERSION,
+            "versions",
+            {"key": key, "versions": versions},
+            "versions",
+        )
+    return versions
+
+
+def _ask_versions(python: str) -> dict[str, Any]:
     try:
         done = subprocess.run(
             [python, "-m", "specfleet_helpers.checks.stack_report"],
@@ -242,7 +281,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         args.command = "acquire"
         rc, result = host_lock.run(args)
         if rc == 0:
-            result["state"] = stamps.load_all(args.state_dir)
+            result["state"] = stamps.load_all(args.state_dir, manifests=False)
             result["verification"] = verification(args.state_dir, _stages(args.verify), set())
             result["files"] = file_facts(args.file)
         print(json.dumps(result, sort_keys=True))
@@ -251,10 +290,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error("close: --lock and --token go together")
     result = {
         "verification": verification(args.state_dir, None, _stages(args.skip)),
-        "state": stamps.load_all(args.state_dir),
+        "state": stamps.load_all(args.state_dir, manifests=False),
     }
     if args.versions:
-        result["versions"] = installed_versions(result["state"])
+        cache = args.state_dir.parent / "cache" / "installed-versions.json"
+        result["versions"] = installed_versions(result["state"], cache)
     if args.signature_root is not None:
         result["signature"] = tree_signature(args.signature_root)
     rc = 0

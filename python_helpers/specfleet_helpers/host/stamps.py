@@ -7,6 +7,11 @@ Stamps (`<stage>.json`) are written when a stage succeeds; failure records
 once per host, so a run limited with --tags (say `--tags serve`) still knows where the
 earlier stages put their artifacts and which runs produced them, and the fleet report
 knows what failed. Standard library only.
+
+With --manifest-counts (what the plays read) each stamp's manifest, the file list only the
+verifier on the host reads, is given as its counts ({"files": N, "links": N}): a stage with
+one file per row lists thousands, and the controller would carry them in its facts, its
+results and every template lookup's copy of the variables, on every run.
 """
 
 from __future__ import annotations
@@ -62,9 +67,26 @@ def load_failures(state_dir: Path) -> dict[str, Any]:
     return failures
 
 
-def load_all(state_dir: Path) -> dict[str, Any]:
+def manifest_counts(stamp: dict[str, Any]) -> dict[str, Any]:
+    """The stamp with its manifest given as counts: {"files": N, "links": N}."""
+    manifest = stamp.get("manifest")
+    if not isinstance(manifest, dict):
+        return stamp
+    counts = {
+        key: len(value) if isinstance(value, (dict, list)) else value
+        for key, value in manifest.items()
+    }
+    return {**stamp, "manifest": counts}
+
+
+def load_all(state_dir: Path, manifests: bool = True) -> dict[str, Any]:
+    """The stamps, failure records and environment; `manifests` False: each manifest as its
+    counts (manifest_counts)."""
+    stamps = load(state_dir)
+    if not manifests:
+        stamps = {stage: manifest_counts(stamp) for stage, stamp in stamps.items()}
     return {
-        "stamps": load(state_dir),
+        "stamps": stamps,
         "failures": load_failures(state_dir),
         "environment": _read(state_dir / ENVIRONMENT_FILE) or {},
     }
@@ -79,8 +101,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         ),
     )
     parser.add_argument("--state-dir", type=Path, required=True, help="<specfleet_root>/state")
+    parser.add_argument(
+        "--manifest-counts",
+        action="store_true",
+        help="give each stamp's manifest as its counts ({files: N, links: N}), not its file list",
+    )
     args = parser.parse_args(argv)
-    print(json.dumps(load_all(args.state_dir), sort_keys=True))
+    print(json.dumps(load_all(args.state_dir, not args.manifest_counts), sort_keys=True))
     return 0
 
 
