@@ -100,8 +100,9 @@ def python_version(interpreter: str) -> dict[str, Any]:
     if not found:
         return {"interpreter": interpreter, "found": False, "path": None, "version": None}
     try:
+        # -S: its site packages are not needed to print its version (they took half the time).
         out = subprocess.run(
-            [found, "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
+            [found, "-S", "-c", "import sys; print('%d.%d.%d' % sys.version_info[:3])"],
             capture_output=True,
             text=True,
             timeout=30,
