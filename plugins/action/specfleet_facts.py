@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase, VariableLayer
+from ansible.plugins.action import ActionBase
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 
 
 class ActionModule(ActionBase):
@@ -37,8 +38,6 @@ class ActionModule(ActionBase):
         bad = [name for name in facts if not isinstance(name, str) or not name.isidentifier()]
         if bad:
             raise AnsibleActionFail(f"specfleet_facts: not a variable name: {bad[0]!r}")
-        # As set_fact: the play's facts, above role and play vars.
-        self.register_host_variables({}, VariableLayer.CACHEABLE_FACT)
-        self.register_host_variables(dict(facts), VariableLayer.EPHEMERAL_FACT)
+        set_facts(self, facts)
         result.update(changed=False, facts=sorted(facts))
         return result

@@ -48,8 +48,9 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail, AnsibleFileNotFound
 from ansible.module_utils.common.text.converters import to_text
-from ansible.plugins.action import ActionBase, VariableLayer
+from ansible.plugins.action import ActionBase
 from ansible.plugins.filter.core import get_hash, to_json
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.rules import check_rules
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.templates import render_file
 
@@ -240,7 +241,7 @@ class ActionModule(ActionBase):
             exposed = self._exposed(declared.get("exposes"), outcome)
             result["exposed"] = sorted(exposed)
             facts.update(exposed)
-        self._set_facts(facts)
+        set_facts(self, facts)
         return result
 
     @staticmethod
@@ -304,12 +305,6 @@ class ActionModule(ActionBase):
                 f"specfleet_stage_decide: exposes is a {type(value).__name__}, expected a mapping"
             )
         return dict(value)
-
-    def _set_facts(self, facts: dict[str, Any]) -> None:
-        """The facts as set_fact sets them (the play's facts, above role and play vars), not
-        as a module's ansible_facts (host facts, below them)."""
-        self.register_host_variables({}, VariableLayer.CACHEABLE_FACT)
-        self.register_host_variables(facts, VariableLayer.EPHEMERAL_FACT)
 
     def _options(self) -> dict[str, Any]:
         args = dict(self._task.args)

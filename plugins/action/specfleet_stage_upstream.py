@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
-from ansible.plugins.action import ActionBase, VariableLayer
+from ansible.plugins.action import ActionBase
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 
 
 def upstream_of(
@@ -91,13 +92,12 @@ class ActionModule(ActionBase):
                 stage: {"status": "would_run", "reason": reason, "duration_s": None},
             }
             result["specfleet_plan"] = result["msg"]  # printed by the progress callback
-            self.register_host_variables({}, VariableLayer.CACHEABLE_FACT)
-            self.register_host_variables(
+            set_facts(
+                self,
                 {
                     "specfleet_stage_runs": result["stage_runs"],
                     "specfleet_run_results": result["run_results"],
                 },
-                VariableLayer.EPHEMERAL_FACT,
             )
         else:
             result["pending"] = []
