@@ -210,7 +210,9 @@ def test_a_four_breaks_red_then_redone(primed: Pipeline):
 
     data = primed.state / "data.json"
     data_stamp = json.loads(data.read_text())
-    assert data_stamp["metrics"]["rows"] == 10
+    # As many as the data source made (the CPU default regenerates answers to 960 prompts).
+    rows = data_stamp["metrics"]["rows"]
+    assert rows > 0, data_stamp["metrics"]
     data_stamp["metrics"]["rows"] += 1
     data.write_text(json.dumps(data_stamp, indent=4, sort_keys=True) + "\n")
 
@@ -228,9 +230,12 @@ def test_a_four_breaks_red_then_redone(primed: Pipeline):
         {
             # the stage's own checker speaks first where it sees the break, the file list else
             "models": f"{template} has",
-            "data": "rows is 10 in the files, 11 in the stamp",
+            "data": f"rows is {rows} in the files, {rows + 1} in the stamp",
             "hidden_states": str(hs),
             "train": "model.safetensors",
+            # serve's release of the draft is hard links to train's files (serve.sh.j2):
+            # the same emptied file
+            "serve": "model.safetensors",
         },
     )
     # Nothing was redone by validation: it only reads.
