@@ -12,6 +12,11 @@ one thing it lets through: a list or dict option given as a string (`-e name=a,b
 validator splits but the tasks would not. A problem refuses with one message naming each
 variable and what its declaration expects; the rules then may rely on the types.
 
+With `facts` (name: template), once every rule holds, those facts are set for the host as
+set_fact sets them, templated with the same variables: what later checks read, without a
+set_fact task of their own. With `note`, a line templated last (the facts set) is added to the
+task's message, shown with -v: what the check found.
+
 Why one task: a settings check of about 140 assert tasks cost 8 s of every run, no-op runs
 included (each task, run or skipped, costs a worker process and its templating).
 
@@ -22,6 +27,8 @@ included (each task, run or skipped, costs a worker process and its templating).
           - name: specfleet_serve_port in 1..65535
             that: [specfleet_serve_port | int >= 1, specfleet_serve_port | int <= 65535]
             msg: "... is {{ specfleet_serve_port }}, expected a port in 1..65535."
+        facts:
+          specfleet_planned_serve_port: "{{ specfleet_serve_port | int }}"
 """
 
 from __future__ import annotations
@@ -37,9 +44,14 @@ import yaml
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.rules import check_rules
 
-OPTIONS = {"rules", "argument_spec"}
+OPTIONS = {"rules", "argument_spec", "facts", "note"}
+# Templated by the action, in order, when their turn comes: a rule's only when it is checked,
+# the facts and the note only once every rule holds (a lookup in them may need what a rule
+# checked, such as a file being there).
+LAZY_OPTIONS = {"rules", "facts", "note"}
 # libyaml's loader where PyYAML has it: a role's spec file parses in 1 ms instead of 10.
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 STRUCTURED = ("list", "dict")
@@ -104,8 +116,7 @@ class ActionModule(ActionBase):
 
     @classmethod
     def finalize_task_arg(cls, name: str, value: Any, templar: Any, context: Any) -> Any:
-        # The rules are templated one by one, in order, when their turn comes.
-        if name == "rules":
+        if name in LAZY_OPTIONS:
             return value
         return super().finalize_task_arg(name, value, templar, context)
 
@@ -120,6 +131,11 @@ class ActionModule(ActionBase):
             )
         if not isinstance(rules, list):
             raise AnsibleActionFail("specfleet_rules: rules must be a list of rules and groups")
+        facts = self._task.args.get("facts") or {}
+        if not isinstance(facts, Mapping) or not all(isinstance(name, str) for name in facts):
+            raise AnsibleActionFail(
+                "specfleet_rules: facts must be a mapping of fact names to values"
+            )
         counts = {"rules_checked": 0, "rules_not_applying": 0}
         refusal = None
         variables: Mapping[str, Any] = self._templar.available_variables
@@ -135,9 +151,19 @@ class ActionModule(ActionBase):
         result["changed"] = False
         if refusal:
             result.update(refusal, failed=True)
-        else:
-            checked, not_applying = counts["rules_checked"], counts["rules_not_applying"]
-            result["msg"] = f"{checked} rules hold ({not_applying} do not apply)"
+            return result
+        checked, not_applying = counts["rules_checked"], counts["rules_not_applying"]
+        result["msg"] = f"{checked} rules hold ({not_applying} do not apply)"
+        if facts:
+            templar = self._templar.copy_with_new_env(available_variables=variables)
+            values = {name: templar.template(value) for name, value in facts.items()}
+            set_facts(self, values)
+            result["facts_set"] = sorted(values)
+            variables = ChainMap(values, variables)
+        note = self._task.args.get("note")
+        if note:
+            templar = self._templar.copy_with_new_env(available_variables=variables)
+            result["msg"] += f": {str(templar.template(note)).strip()}"
         return result
 
     def _role(self) -> tuple[str, Path]:

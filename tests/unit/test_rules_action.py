@@ -127,6 +127,18 @@ CASES: dict[str, dict[str, Any]] = {
             },
         ],
     },
+    "facts_once_rules_hold": {
+        "rules": [{"name": "port set", "that": "port_ | int > 0", "msg": "no port"}],
+        "facts": {"planned_port_": "{{ port_ | int * 2 }}"},
+        "note": "the port doubled is {{ planned_port_ }}",
+    },
+    # Neither is templated after a refusal: both would fail on the undefined variable.
+    "no_facts_after_a_refusal": {
+        "rules": [{"name": "refuses", "that": "false", "msg": "refused first"}],
+        "facts": {"never_set_": "{{ undefined_variable.x }}"},
+        "note": "{{ undefined_variable.y }}",
+    },
+    "facts_not_a_mapping": {"rules": [], "facts": ["planned_port_"]},
     "missing_msg": {"rules": [{"name": "no message", "that": "true"}]},
     "not_a_list": {"rules": "port_ > 1"},
     "unknown_option": {"rules": [], "subject": "x"},
@@ -142,6 +154,13 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     (role / "meta" / "argument_specs.yml").write_text(yaml.safe_dump(DEMO_SPEC))
     (role / "tasks" / "settings.yml").write_text(yaml.safe_dump(DEMO_TASKS, sort_keys=False))
     cases = [{"name": case, "specfleet_rules": body} for case, body in CASES.items()]
+    cases += [
+        {"name": "read planned_port_", "ansible.builtin.debug": {"var": "planned_port_"}},
+        {
+            "name": "read never_set_",
+            "ansible.builtin.debug": {"msg": "{{ never_set_ is defined }}"},
+        },
+    ]
     for case, settings in DEMO_CASES.items():
         cases.append(
             {
@@ -193,6 +212,25 @@ def test_a_group_applies_its_when_and_vars_to_its_rules(results: dict[str, dict[
     assert result["rules_not_applying"] == 1 and result["rules_checked"] == 2
 
 
+def test_facts_are_set_once_the_rules_hold_and_the_note_reads_them(
+    results: dict[str, dict[str, Any]],
+) -> None:
+    result = results["facts_once_rules_hold"]
+    assert not result.get("failed"), result
+    assert result["facts_set"] == ["planned_port_"]
+    assert result["msg"] == "1 rules hold (0 do not apply): the port doubled is 160"
+    # A later task of the play reads the fact, as it would one set_fact set.
+    assert results["read planned_port_"]["planned_port_"] == 160
+
+
+def test_after_a_refusal_no_fact_or_note_is_templated(results: dict[str, dict[str, Any]]) -> None:
+    result = results["no_facts_after_a_refusal"]
+    assert result["failed"] and result["msg"] == "refused first"
+    assert results["read never_set_"]["msg"] is False
+    assert results["facts_not_a_mapping"]["failed"]
+    assert "facts must be a mapping" in results["facts_not_a_mapping"]["msg"]
+
+
 def test_a_malformed_rule_is_named(results: dict[str, dict[str, Any]]) -> None:
     assert results["missing_msg"]["failed"]
     assert "(no message): a rule has name, that, msg" in results["missing_msg"]["msg"]
@@ -240,7 +278,7 @@ def test_a_list_given_as_a_string_is_refused_naming_how_to_give_it(
 
 
 def test_an_unknown_option_is_named(results: dict[str, dict[str, Any]]) -> None:
-    assert "expected argument_spec, rules" in results["unknown_option"]["msg"]
+    assert "expected argument_spec, facts, note, rules" in results["unknown_option"]["msg"]
 
 
 def test_validator_errors_are_the_problems() -> None:
