@@ -1,6 +1,15 @@
 """specfleet_stage_decide: whether one stage must run, in one task (roles/stage/tasks/begin.yml).
 
-First the stage's declared preconditions (roles/specfleet/vars/main/stages.yml), rules on its
+First its upstream stages, from its declaration's needs and needs_if
+(plugins/plugin_utils/upstream.py): one with neither a stamp nor a run in this play fails the
+task before any work, naming what to run; in --check mode, when one would run, this stage is
+planned as would-run too (it cannot be planned without their artifacts) and nothing else is
+templated: `pending` names them and `redo` is false, so the role's work is skipped. Otherwise
+they are `stage_upstream` ({needs, run_ids, missing, pending}) for everything templated after:
+the `upstream` input is their run ids, so a redone upstream stage redoes this one. It is set as
+a fact too, for the role's later tasks.
+
+Then the stage's declared preconditions (roles/specfleet/vars/main/stages.yml), rules on its
 settings against what its upstream stages made, checked as specfleet_rules checks rules
 (plugins/plugin_utils/rules.py): the first refusal fails the task with its message, before
 anything else is templated. Then the stage's declared inputs and its rendered script are
@@ -28,14 +37,14 @@ callback prints as `[host] <line>` (the result itself is long: it holds the scri
 The script template is rendered as lookup('ansible.builtin.template') renders it, without the
 lookup's copy of every variable of the task (_render_script).
 
-Returns redo, reason, fingerprint, inputs (with script_sha256), script, previous (the stamp),
-checker, stage_runs / run_results (the play's specfleet_stage_runs and specfleet_run_results
-with this stage's entry) and metrics. It sets those two as facts, and stage_outcome ({ran,
-metrics}), as set_fact would: a set_fact task of its own after every decision cost each stage
-a task on every run, no-op runs included. A stage that stays up to date also gets its
-declared `exposes` set as facts (templated with that stage_outcome; `exposed` names them):
-what its role set in a task of its own before. A stage that runs sets them when it ends
-(roles/stage/tasks/redo.yml, plugins/action/specfleet_facts.py).
+Returns redo, reason, pending, fingerprint, inputs (with script_sha256), script, previous (the
+stamp), checker, stage_runs / run_results (the play's specfleet_stage_runs and
+specfleet_run_results with this stage's entry) and metrics. It sets those two as facts, with
+stage_upstream and stage_outcome ({ran, metrics}), as set_fact would: a set_fact task of its
+own after every decision cost each stage a task on every run, no-op runs included. A stage
+that stays up to date also gets its declared `exposes` set as facts (templated with that
+stage_outcome; `exposed` names them): what its role set in a task of its own before. A stage
+that runs sets them when it ends (roles/stage/tasks/redo.yml, plugins/action/specfleet_facts.py).
 """
 
 from __future__ import annotations
@@ -53,6 +62,14 @@ from ansible.plugins.filter.core import get_hash, to_json
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.rules import check_rules
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.templates import render_file
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.upstream import (
+    find_upstream,
+    graph_entry,
+    missing_message,
+    pending_plan,
+)
+
+WHO = "specfleet_stage_decide"
 
 # What the check prints at most into the reason (the stamp and the report show the reason).
 REASON_OUTPUT_CHARS = 300
@@ -163,7 +180,39 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = self._options()
         stage: str = args["stage"]
+        check_mode = bool(self._task.check_mode)
         declared = self._declared(stage, task_vars or {})
+        runs = dict(args.get("stage_runs") or {})
+        found = find_upstream(self._templar, WHO, stage, declared, runs)
+        if found["missing"]:
+            result.update(found, failed=True, changed=False, stage=stage, reason="")
+            result["msg"] = missing_message(
+                stage,
+                found["missing"],
+                self._provides(found["missing"], task_vars or {}),
+                str((task_vars or {}).get("inventory_hostname", "")),
+            )
+            return result
+        if found["pending"] and check_mode:
+            planned = pending_plan(stage, found["pending"], runs, args.get("run_results") or {})
+            result.update(planned, changed=False, stage=stage, redo=False, pending=found["pending"])
+            result["specfleet_plan"] = result["msg"]  # printed by the progress callback
+            set_facts(
+                self,
+                {
+                    "specfleet_stage_runs": planned["stage_runs"],
+                    "specfleet_run_results": planned["run_results"],
+                    "stage_upstream": found,
+                },
+            )
+            return result
+        found["pending"] = []
+        # Everything templated from here on reads the upstream stages as stage_upstream.
+        self._templar = self._templar.copy_with_new_env(
+            available_variables=ChainMap(
+                {"stage_upstream": found}, self._templar.available_variables
+            )
+        )
         refusal = self._preconditions(declared.get("preconditions"))
         if refusal:
             result.update(refusal, failed=True, changed=False, stage=stage)
@@ -172,7 +221,6 @@ class ActionModule(ActionBase):
         if args.get("script_template"):
             args["script"] = self._render_script(str(args["script_template"]))
         stamp: Mapping[str, Any] = args["stamp"]
-        check_mode = bool(self._task.check_mode)
         decided = plan(args["inputs"], stamp, args.get("forced", False), args.get("script"))
         verifier = args.get("verifier", [])
         changed = False
@@ -215,6 +263,7 @@ class ActionModule(ActionBase):
             stage=stage,
             redo=redo,
             reason=reason,
+            pending=[],
             fingerprint=decided["fingerprint"],
             inputs=decided["inputs"],
             script=args.get("script"),
@@ -234,6 +283,7 @@ class ActionModule(ActionBase):
         facts = {
             "specfleet_stage_runs": stage_runs,
             "specfleet_run_results": run_results,
+            "stage_upstream": found,
             "stage_outcome": outcome,
         }
         if not redo:
@@ -252,6 +302,15 @@ class ActionModule(ActionBase):
         declared = task_vars.get("specfleet_stages")
         entry = declared.get(stage) if isinstance(declared, Mapping) else None
         return entry if isinstance(entry, Mapping) else {}
+
+    def _provides(self, stages: list[str], task_vars: Mapping[str, Any]) -> dict[str, str]:
+        """What each of `stages` provides, from its declaration: for the missing message."""
+        provides: dict[str, str] = {}
+        for name in stages:
+            entry = self._declared(name, task_vars)
+            if "provides" in entry:
+                provides[name] = str(graph_entry(self._templar, entry).get("provides", ""))
+        return provides
 
     def _preconditions(self, rules: Any) -> dict[str, Any] | None:
         """The first refused precondition ({msg, rule, assertion}), or None."""

@@ -1,11 +1,7 @@
 """specfleet_stage_upstream: a stage's upstream stages, from its declaration, in one task
-(roles/stage/tasks/upstream.yml, first in every stage role).
-
-The declaration (roles/specfleet/vars/main/stages.yml) names what the stage `needs`, and
-`needs_if` edges that exist only while a boolean setting of its role is true ({stage: setting};
-train needs convert only with train_from_converted). Each upstream stage's run id in this play
-(specfleet_stage_runs: from its stamp, or from its run earlier in the play) becomes the stage's
-`upstream` input, so a redone upstream stage redoes it.
+(roles/stage/tasks/upstream.yml: the stage graph alone, for a play that renders or inspects a
+stage without deciding it). A stage role's decision finds them itself, first
+(plugins/action/specfleet_stage_decide.py); both use plugins/plugin_utils/upstream.py.
 
 Returns:
   run_ids   {stage: run id} of the upstream stages that have one: the `upstream` input
@@ -26,31 +22,14 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.upstream import (
+    find_upstream,
+    graph_entry,
+    missing_message,
+    pending_plan,
+)
 
-
-def upstream_of(
-    needs: list[str], needs_if: Mapping[str, bool], runs: Mapping[str, str]
-) -> dict[str, Any]:
-    """{needs, run_ids, missing, pending} for a stage that needs `needs` plus each `needs_if`
-    stage whose setting is true, in a play whose stages have the run ids `runs`
-    ('pending': it would run in this --check run)."""
-    wanted = list(needs) + [stage for stage, on in needs_if.items() if on and stage not in needs]
-    return {
-        "needs": wanted,
-        "run_ids": {stage: runs[stage] for stage in wanted if stage in runs},
-        "missing": [stage for stage in wanted if stage not in runs],
-        "pending": [stage for stage in wanted if runs.get(stage) == "pending"],
-    }
-
-
-def missing_message(stage: str, missing: list[str], provides: Mapping[str, str], host: str) -> str:
-    one = len(missing) == 1
-    what = ", ".join(f"{name} ({provides.get(name, 'its artifacts')})" for name in missing)
-    return (
-        f"{stage} needs {what}: {'no stamp of it' if one else 'no stamps of them'} on {host}, "
-        f"and {'it does' if one else 'they do'} not run in this play; run site.yml, "
-        f"or add --tags {','.join(missing)}"
-    )
+WHO = "specfleet_stage_upstream"
 
 
 class ActionModule(ActionBase):
@@ -64,74 +43,41 @@ class ActionModule(ActionBase):
         unknown = set(args) - {"stage", "stage_runs", "run_results"}
         if unknown or not isinstance(args.get("stage"), str):
             raise AnsibleActionFail(
-                "specfleet_stage_upstream: expected stage, stage_runs, run_results"
+                f"{WHO}: expected stage, stage_runs, run_results"
                 + (f"; unknown option(s) {', '.join(sorted(unknown))}" if unknown else "")
             )
         stage: str = args["stage"]
-        graph = self._graph(task_vars or {})
-        if stage not in graph:
+        declared = (task_vars or {}).get("specfleet_stages")
+        if not isinstance(declared, Mapping):
+            raise AnsibleActionFail(f"{WHO}: specfleet_stages is not defined")
+        if not isinstance(declared.get(stage), Mapping):
             raise AnsibleActionFail(
-                f"specfleet_stage_upstream: {stage} is not a stage of specfleet_stages "
+                f"{WHO}: {stage} is not a stage of specfleet_stages "
                 "(roles/specfleet/vars/main/stages.yml)"
             )
-        declared = graph[stage]
-        needs_if = {
-            upstream: self._setting(stage, setting)
-            for upstream, setting in (declared.get("needs_if") or {}).items()
-        }
         runs = dict(args.get("stage_runs") or {})
-        found = upstream_of(list(declared.get("needs") or []), needs_if, runs)
+        found = find_upstream(self._templar, WHO, stage, declared[stage], runs)
         host = (task_vars or {}).get("inventory_hostname", "")
         result.update(found, changed=False, stage=stage)
         if found["pending"] and self._task.check_mode:
-            reason = "upstream would run: " + ", ".join(found["pending"])
-            result["msg"] = f"{stage}: would run: {reason}"
-            result["stage_runs"] = {**runs, stage: "pending"}
-            result["run_results"] = {
-                **(args.get("run_results") or {}),
-                stage: {"status": "would_run", "reason": reason, "duration_s": None},
-            }
+            planned = pending_plan(stage, found["pending"], runs, args.get("run_results") or {})
+            result.update(planned)
             result["specfleet_plan"] = result["msg"]  # printed by the progress callback
             set_facts(
                 self,
                 {
-                    "specfleet_stage_runs": result["stage_runs"],
-                    "specfleet_run_results": result["run_results"],
+                    "specfleet_stage_runs": planned["stage_runs"],
+                    "specfleet_run_results": planned["run_results"],
                 },
             )
         else:
             result["pending"] = []
         if found["missing"]:
-            provides = {name: str((graph.get(name) or {}).get("provides", "")) for name in graph}
+            provides = {
+                name: str(graph_entry(self._templar, declared[name]).get("provides", ""))
+                for name in found["missing"]
+                if isinstance(declared.get(name), Mapping)
+            }
             result["msg"] = missing_message(stage, found["missing"], provides, host)
             result["failed"] = True
         return result
-
-    def _graph(self, task_vars: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-        """needs, needs_if and provides of every declared stage: only those keys are templated
-        (the others name settings of roles that may not be in this play)."""
-        declared = task_vars.get("specfleet_stages")
-        if not isinstance(declared, Mapping):
-            raise AnsibleActionFail("specfleet_stage_upstream: specfleet_stages is not defined")
-        return {
-            str(name): {
-                key: self._templar.template(entry[key])
-                for key in ("needs", "needs_if", "provides")
-                if key in entry
-            }
-            for name, entry in declared.items()
-            if isinstance(entry, Mapping)
-        }
-
-    def _setting(self, stage: str, name: Any) -> bool:
-        """A needs_if setting's value: a boolean setting of the stage's role, by name."""
-        try:
-            value = self._templar.resolve_variable_expression(str(name))
-        except Exception as exc:  # an undefined or malformed name: say which
-            raise AnsibleActionFail(
-                f"specfleet_stage_upstream: {stage}'s needs_if names the setting {name!r}, "
-                f"which could not be read: {exc}"
-            ) from exc
-        if isinstance(value, str):
-            return value.strip().lower() in ("true", "yes", "on", "1")
-        return bool(value)

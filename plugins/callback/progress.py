@@ -1,9 +1,9 @@
 """Show each stage's plan, and a running stage's progress while Ansible polls it.
 
-The stage role decides each stage in one task (plugins/action/specfleet_stage_decide.py,
-specfleet_stage_upstream.py), whose result carries the plan line as `specfleet_plan`; and it
-polls `specfleet_helpers.host.stage_run status` with `until`, every retry carrying the stage's
-state as JSON. This callback prints both, one line per host:
+The stage role decides each stage in one task (plugins/action/specfleet_stage_decide.py; the
+graph alone: specfleet_stage_upstream.py), whose result carries the plan line as
+`specfleet_plan`; and it polls `specfleet_helpers.host.stage_run status` with `until`, every
+retry carrying the stage's state as JSON. This callback prints both, one line per host:
 
     [a2-node01] train: running: inputs changed: epochs
     [a2-node01] train: running 2m31s | step: torchrun epoch 1 | last: ... loss=3.21

@@ -175,6 +175,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             {"name": "facts_after_set_facts", "ansible.builtin.debug": {"var": "specfleet_set"}},
             {"name": "set_facts_bad_name", "specfleet_facts": {"facts": {"not a name": 1}}},
             case("changed_input", inputs={"epochs": 2}),
+            # Its upstream stages come first: the run ids are stage_upstream for the inputs.
+            case(
+                "upstream_input", inputs={"epochs": 1, "upstream": "{{ stage_upstream.run_ids }}"}
+            ),
+            # None of its other options is templated when one is missing or would run.
+            case("missing_upstream", stage_runs={}, inputs="{{ undefined_variable.x }}"),
+            case(
+                "pending_upstream",
+                {"check_mode": True},
+                stage_runs={"data": "pending"},
+                inputs="{{ undefined_variable.x }}",
+            ),
+            {"name": "facts_after_pending", "ansible.builtin.debug": {"var": "stage_upstream"}},
             case("changed_input_check", {"check_mode": True}, inputs={"epochs": 2}),
             case("prechecked_bad", prechecked={"status": "failed", "output": "boom"}),
             case("unknown_option", epoch=3),
@@ -207,7 +220,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "demo_name": "it's",
             # The stage's declaration: its preconditions and exposes are read as written.
             "specfleet_stages": {
+                "data": {"needs": [], "provides": "the dataset"},
                 "train": {
+                    "needs": ["data"],
                     "preconditions": [
                         {
                             "name": "demo_layers >= 3",
@@ -220,7 +235,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                         "specfleet_demo_rows": "{{ stage_outcome.metrics.rows }}",
                         "specfleet_demo_epochs": "{{ demo_epochs | int }}",
                     },
-                }
+                },
             },
         },
     )
@@ -307,3 +322,29 @@ def test_scripts_render_as_the_builtin_template_lookup_renders_them(run: dict[st
     assert run["results"]["script_by_specfleet_lookup"]["msg"] == rendered
     assert "echo part 7" in rendered and "'it'\"'\"'s'" in rendered and "\\n" in rendered
     assert rendered.endswith("echo 1\n\n")
+
+
+def test_the_upstream_run_ids_are_an_input(run: dict[str, Any]) -> None:
+    r = run["results"]["upstream_input"]
+    assert not r.get("failed"), r
+    assert r["inputs"]["upstream"] == {"data": "d1"} and r["pending"] == []
+    assert r["reason"] == "inputs changed: upstream"
+
+
+def test_a_missing_upstream_stage_fails_before_anything_is_templated(run: dict[str, Any]) -> None:
+    r = run["results"]["missing_upstream"]
+    assert r["failed"] is True and r["missing"] == ["data"] and "redo" not in r
+    assert r["msg"] == (
+        "train needs data (the dataset): no stamp of it on localhost, and it does not run in "
+        "this play; run site.yml, or add --tags data"
+    )
+
+
+def test_in_check_mode_a_pending_upstream_plans_the_stage_as_would_run(run: dict[str, Any]) -> None:
+    r = run["results"]["pending_upstream"]
+    assert not r.get("failed"), r
+    assert r["redo"] is False and r["pending"] == ["data"]
+    assert r["msg"] == "train: would run: upstream would run: data" == r["specfleet_plan"]
+    assert r["stage_runs"] == {"data": "pending", "train": "pending"}
+    assert r["run_results"]["train"]["status"] == "would_run"
+    assert run["results"]["facts_after_pending"]["stage_upstream"]["pending"] == ["data"]

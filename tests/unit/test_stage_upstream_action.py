@@ -1,7 +1,8 @@
-"""plugins/action/specfleet_stage_upstream.py: a stage's upstream stages from the one
-declaration (needs, needs_if). The pure parts directly; the action through a real
-ansible-playbook run on localhost (tests/integration/test_report_flow.py runs it on the
-project's own stages.yml)."""
+"""plugins/plugin_utils/upstream.py and plugins/action/specfleet_stage_upstream.py: a stage's
+upstream stages from the one declaration (needs, needs_if). The pure parts directly; the action
+through a real ansible-playbook run on localhost (tests/integration/test_report_flow.py runs it
+on the project's own stages.yml; the decision's first step, the same code, is in
+test_stage_decide_action.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from playrun import run_cases
 from plugin_loader import load_plugin
 
-upstream = load_plugin("plugins/action/specfleet_stage_upstream.py")
+upstream = load_plugin("plugins/plugin_utils/upstream.py")
 
 
 def test_needs_and_the_edges_whose_setting_is_on() -> None:

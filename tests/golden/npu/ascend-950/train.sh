@@ -7,7 +7,7 @@
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
 PY=/var/lib/specfleet/venv/bin/python
-SAVE=/var/lib/specfleet/train/checkpoints/d41052198626
+SAVE=/var/lib/specfleet/train/checkpoints/e332603c9d03
 export TORCHDYNAMO_DISABLE=1
 # speculators logs metrics through rich: wide lines keep `val/loss_epoch=...` on one line.
 export COLUMNS=200

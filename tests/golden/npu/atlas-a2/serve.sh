@@ -34,7 +34,7 @@ mkdir -p "$WORK.tmp"
 # replaces train/draft when it runs again, and a server started before (a host a rollout has
 # not reached yet, restarted by its supervisor) must go on loading the draft it was checked
 # with. Hard links (train publishes a new directory, never rewrites files), else a copy.
-DRAFT=/var/lib/specfleet/drafts/pending
+DRAFT=/var/lib/specfleet/drafts/MOCK-train-run
 if [ ! -d "$DRAFT" ]; then
   echo "==> release the trained draft for serving: $DRAFT"
   mkdir -p "$(dirname "$DRAFT")"
@@ -55,7 +55,7 @@ VERIFIER_ARGS=(
   --enforce-eager
 )
 
-SPECULATIVE_CONFIG='{"method": "dflash", "model": "/var/lib/specfleet/drafts/pending", "num_speculative_tokens": 5}'
+SPECULATIVE_CONFIG='{"method": "dflash", "model": "/var/lib/specfleet/drafts/MOCK-train-run", "num_speculative_tokens": 5}'
 
 # start_vllm LOG PORT [EXTRA ARGS...]: vllm serve the verifier on PORT, wait for /health
 start_vllm() {

@@ -7,7 +7,7 @@
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
 PY=python3
-SAVE=/var/lib/specfleet/train/checkpoints/aabff5f8b46c
+SAVE=/var/lib/specfleet/train/checkpoints/3ec49a6a0822
 export TORCHDYNAMO_DISABLE=1
 # speculators logs metrics through rich: wide lines keep `val/loss_epoch=...` on one line.
 export COLUMNS=200

@@ -7,7 +7,7 @@
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
 PY=/var/lib/specfleet/venv/bin/python
-SAVE=/var/lib/specfleet/train/checkpoints/eac9ac9a8a23
+SAVE=/var/lib/specfleet/train/checkpoints/6a8545e703eb
 export TORCHDYNAMO_DISABLE=1
 # speculators logs metrics through rich: wide lines keep `val/loss_epoch=...` on one line.
 export COLUMNS=200
