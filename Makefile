@@ -47,8 +47,9 @@ INTEGRATION_WORKERS ?= 2
 integration: setup  ## real Ansible runs: mock-NPU npu_env, git and wheelhouse sources, containers
 	$(BIN)/python -m pytest -n $(INTEGRATION_WORKERS) --dist loadfile --durations=25 tests/integration
 
-# The integration tests marked slow, and only those (make integration runs the rest).
-test-reliability: setup  ## slow: runs killed (SIGINT/SIGKILL), vLLM dying, corrupted artifacts, ports, disk, host lock, secrets, paths with spaces, the install and npu_env variants CI leaves out
+# The integration tests marked slow, and only those (make integration runs the rest). The
+# container modules decide at collection whether their images exist, so they are built first.
+test-reliability: setup test-images  ## slow: runs killed (SIGINT/SIGKILL), vLLM dying, corrupted artifacts, ports, disk, host lock, secrets, paths with spaces, the install and npu_env variants CI leaves out
 	SPECFLEET_SLOW_TESTS=1 $(BIN)/python -m pytest -s -m slow tests/integration
 
 molecule: setup test-hosts-deps  ## three real hosts (atlas-a2, atlas-a3, ascend-950): converge, idempotence, a host broken on purpose, verify
