@@ -166,6 +166,13 @@ def truncated(text: str, limit: int = REASON_OUTPUT_CHARS, leeway: int = 5) -> s
     return text[: limit - 3].rsplit(" ", 1)[0] + "..."
 
 
+def refused(stage: str) -> dict[str, Any]:
+    """What a decision that refuses its stage (an upstream stage missing, a precondition not
+    holding) registers besides its message: the stage, and an empty reason, as every decision
+    registers one (roles/stage/tasks/failed.yml records it)."""
+    return {"failed": True, "changed": False, "stage": stage, "reason": ""}
+
+
 class ActionModule(ActionBase):
     _supports_check_mode = True
     _supports_async = False
@@ -185,7 +192,7 @@ class ActionModule(ActionBase):
         runs = dict(args.get("stage_runs") or {})
         found = find_upstream(self._templar, WHO, stage, declared, runs)
         if found["missing"]:
-            result.update(found, failed=True, changed=False, stage=stage, reason="")
+            result.update(found, **refused(stage))
             result["msg"] = missing_message(
                 stage,
                 found["missing"],
@@ -215,7 +222,7 @@ class ActionModule(ActionBase):
         )
         refusal = self._preconditions(declared.get("preconditions"))
         if refusal:
-            result.update(refusal, failed=True, changed=False, stage=stage)
+            result.update(refusal, **refused(stage))
             return result
         args.update(self._templated(args, LAZY))
         if args.get("script_template"):
