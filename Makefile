@@ -30,8 +30,8 @@ lint: setup
 	scripts/role-docs --check
 	$(BIN)/ansible-lint
 	$(BIN)/yamllint -s .
-	$(BIN)/ruff check python_helpers tests plugins molecule scripts/bench
-	$(BIN)/ruff format --check python_helpers tests plugins molecule scripts/bench
+	$(BIN)/ruff check python_helpers tests plugins molecule scripts/bench scripts/failure-digest
+	$(BIN)/ruff format --check python_helpers tests plugins molecule scripts/bench scripts/failure-digest
 
 docs: setup  ## regenerate roles/*/README.md from each role's meta/argument_specs.yml (aar-doc)
 	scripts/role-docs
@@ -52,14 +52,24 @@ integration: setup  ## real Ansible runs: mock-NPU npu_env, git and wheelhouse s
 test-reliability: setup test-images  ## slow: runs killed (SIGINT/SIGKILL), vLLM dying, corrupted artifacts, ports, disk, host lock, secrets, paths with spaces, the install and npu_env variants CI leaves out
 	SPECFLEET_SLOW_TESTS=1 $(BIN)/python -m pytest -s -m slow tests/integration
 
+# A scenario ends with destroy, so a failed run's task, recap and verdict end up far above the
+# end of the output, where a log that keeps only its tail loses them: on failure they are
+# printed again (scripts/failure-digest).
+define molecule_test
+	@log=$$(mktemp); set -o pipefail; \
+	$(BIN)/molecule test -s $(1) 2>&1 | tee "$$log" \
+	  || { status=$$?; scripts/failure-digest "$$log"; rm -f "$$log"; exit $$status; }; \
+	rm -f "$$log"
+endef
+
 molecule: setup test-hosts-deps  ## three real hosts (atlas-a2, atlas-a3, ascend-950): converge, idempotence, a host broken on purpose, verify
-	$(BIN)/molecule test -s fleet
+	$(call molecule_test,fleet)
 
 molecule-container: setup test-images  ## the whole CPU pipeline inside a podman container on localhost: converge, idempotence (container kept), a mount added (container recreated, no stage redone), verify
-	$(BIN)/molecule test -s container
+	$(call molecule_test,container)
 
 molecule-local: setup  ## the whole CPU pipeline on localhost: converge, idempotence, train_epochs changed, verify
-	$(BIN)/molecule test -s default
+	$(call molecule_test,default)
 
 test-hosts-deps:  ## what scripts/test-hosts needs (root): sshd, ip, unshare
 	@scripts/test-hosts deps

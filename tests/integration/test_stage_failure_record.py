@@ -25,6 +25,15 @@ PLAYBOOK = """
   gather_facts: false
   vars:
     specfleet_defer_failures: true
+    guarded_setting: bad
+    # A stage declared as roles/specfleet/vars/main/stages.yml declares one.
+    specfleet_stages:
+      guarded:
+        needs: []
+        preconditions:
+          - name: guarded_setting is ok
+            that: guarded_setting == 'ok'
+            msg: "guarded_setting must be ok, not {{ guarded_setting }}"
   tasks:
     - name: A stage whose looped task fails for two items
       block:
@@ -89,6 +98,23 @@ PLAYBOOK = """
             tasks_from: failed
           vars:
             stage_failed_name: scripted
+    - name: A stage whose decision refuses a precondition (as begin.yml decides every stage)
+      block:
+        - name: "Plan: guarded"
+          specfleet_stage_decide:
+            stage: guarded
+            inputs: {}
+            stamp: {}
+            state_dir: "{{ specfleet_state_dir }}"
+            python: "{{ ansible_python_interpreter }}"
+          register: stage_decision
+      rescue:
+        - name: Record the failure
+          ansible.builtin.include_role:
+            name: stage
+            tasks_from: failed
+          vars:
+            stage_failed_name: guarded
 """
 
 
@@ -145,3 +171,13 @@ def test_the_record_takes_log_and_rerun_from_the_stage_not_from_the_message(
     assert scripted["rerun"] == "bash /root/run/scripted.sh", scripted
     assert scripted["log_tail"] == ["one", "two"], scripted
     assert scripted["error"] == "stage scripted failed on localhost: exit code 2", scripted
+
+
+def test_a_refused_precondition_records_its_message_and_an_empty_reason(
+    records: dict[str, dict],
+) -> None:
+    """The decision refuses before deciding anything: the record says which setting, and the
+    reason (why a stage would redo) is empty, not missing."""
+    record = records["guarded.failed.json"]
+    assert record["error"] == "guarded_setting must be ok, not bad", record
+    assert (record["task"], record["reason"]) == ("Plan: guarded", ""), record
