@@ -1,7 +1,9 @@
 """Filters for the roles' settings checks (roles/<role>/tasks/settings.yml).
 
 The "each of these counts is at least N" rules the stage roles share (of plain settings:
-at_least, below_floor; of a dict setting's fields: fields_at_least). The types and choices
+at_least, below_floor; of a dict setting's fields: fields_at_least), and the split of the
+training rows over the ranks that read them (split_for_ranks), checked up front by train's
+settings and against the prepared rows by hidden_states' declaration. The types and choices
 from meta/argument_specs.yml are checked by the specfleet_rules action itself.
 """
 
@@ -71,10 +73,49 @@ def fields_at_least(
     return problems
 
 
+def train_split(rows: int, ratio: float) -> tuple[int, int]:
+    """(training rows, validation rows) as speculators 0.9.0 splits a prepared dataset
+    (train/data.py: ``split_idx = int(len(data) * train_ratio)``)."""
+    train = int(int(rows) * float(ratio))
+    return train, int(rows) - train
+
+
+def rows_for_ranks(ranks: int, ratio: float) -> int:
+    """The fewest rows whose splits each give every one of `ranks` ranks a row."""
+    rows = 2 * int(ranks)
+    while min(train_split(rows, ratio)) < int(ranks):
+        rows += 1
+    return rows
+
+
+def split_for_ranks(rows: Any, ratio: Any, ranks: Any) -> str:
+    """'' when each split of `rows` prepared rows has a row for each of `ranks` ranks, else what
+    is short, with the rows that would do and the ranks these rows can feed.
+
+    speculators' MultipackDistributedBatchSamplerV2 packs a batch for every rank while at least
+    as many rows as ranks remain, and stops otherwise: a split with fewer rows than ranks gives
+    no rank a batch. No validation batch means no checkpoint_best and no val/loss_epoch (the
+    publish fails after the whole run); no training batch, no step."""
+    rows, ratio, ranks = int(rows), float(ratio), int(ranks)
+    train, val = train_split(rows, ratio)
+    if min(train, val) >= ranks:
+        return ""
+    splits = (("training", train), ("validation", val))
+    short = " and ".join(f"{name} has {count}" for name, count in splits if count < ranks)
+    most = max(min(train, val), 0)
+    return (
+        f"speculators splits {rows} rows into {train} for training and {val} for validation "
+        f"(train_data_ratio {ratio:g}); each split needs a row for every one of the {ranks} ranks "
+        f"that read it, and {short}: expected at least {rows_for_ranks(ranks, ratio)} rows for "
+        f"{ranks} ranks, or at most {most} rank{'' if most == 1 else 's'} for {rows} rows"
+    )
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
             "at_least": at_least,
             "below_floor": below_floor,
             "fields_at_least": fields_at_least,
+            "split_for_ranks": split_for_ranks,
         }

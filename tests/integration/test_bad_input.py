@@ -15,6 +15,8 @@ was expected; and the work root must not exist afterwards, which proves no host 
   context vs data rows   hidden_states_max_model_len=4096 while data_seq_length is 8192 (npu), and
                          hidden_states_max_num_batched_tokens below the context (no chunked prefill)
   torchrun processes     train_nproc_per_node=2 with specfleet_npu_devices [0]
+  rows against ranks     the CPU profile's 2 gloo ranks on 10 regenerated rows (9 train, 1
+                         validates: no rank but one would get a validation batch)
   unknown sources        models_source, speculators_install_source
   ModelScope cache       specfleet_modelscope_cache not absolute;
                          specfleet_models_disk_required_gb < 0
@@ -190,6 +192,19 @@ CASES = (
             # "... 1 devices of train_visible_devices (0)" on the host runtime, "... 1 devices
             # used (specfleet_npu_devices: [0] ...)" in the container, which mounts only those
             "expected at most the 1 devices",
+        ),
+    ),
+    Case(
+        "fewer-validation-rows-than-ranks",
+        ("data_regenerate_rows=10",),
+        "train",
+        (
+            "the data has at most 10 rows (data_source regenerate, data_regenerate_rows 10,"
+            " data_max_samples 10)",
+            "speculators splits 10 rows into 9 for training and 1 for validation",
+            "validation has 1",
+            "expected at least 11 rows for 2 ranks, or at most 1 rank for 10 rows",
+            "train_nproc_per_node 2 per host x 1 host",
         ),
     ),
     Case(

@@ -183,10 +183,13 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
             assert exported == expected and not unset, (group, stage)
         assert f"using {devices} device" in script, (group, stage)
     train = scripts["train"]
-    torchrun = f'"$PY" -m torch.distributed.run --standalone --nproc_per_node={devices}'
+    # The runbook's one card per host (train_nproc_per_node's npu default), whatever the devices:
+    # the smoke set's 10 rows split 9 / 1, one validation row for one rank.
+    torchrun = '"$PY" -m torch.distributed.run --standalone --nproc_per_node=1'
     assert lines(train, r"torch\.distributed\.run") == [
         f'{torchrun} -m speculators.train "${{ARGS[@]}}"'
     ]
+    assert lines(train, r"^--train-data-ratio ") == ["--train-data-ratio 0.9"]
     assert not lines(train, r"^\s*torchrun\b"), "a bare torchrun from PATH"
     hidden = scripts["hidden_states"]
     # data_seq_length 8192 + the one token generate-offline-data asks for

@@ -431,7 +431,7 @@ def stage_running(pipeline: Pipeline, stage: str, phase: str) -> Optional[dict[s
         if phase == "generate" and not client:
             return None
         return {**info, "server": server["pid"], "worker": client}
-    worker = find_process(pipeline.root, "specfleet_helpers.cpu.train_launcher")
+    worker = find_process(pipeline.root, "specfleet_helpers.cpu.train_entry")
     return {**info, "worker": worker} if worker else None
 
 
@@ -530,3 +530,64 @@ def test_3_interrupted_run_is_redone_by_the_next(
     pipeline.assert_nothing_running(f"after {label}")
     assert not (pipeline.state / f"{stage}.failed.json").exists()
     print(f"  {label}: rerun {again.seconds:.0f}s, {stage} verified: {json.dumps(metrics)[:160]}")
+
+
+# ----------------------------------------------------------------------------- 4. resume
+
+
+def rank_pids(root: Path) -> list[int]:
+    """The live torchrun ranks of the root's train stage (each in a session of its own)."""
+    return sorted(
+        pid
+        for pid, cmdline in processes_of(root).items()
+        if "specfleet_helpers.cpu.train_entry" in cmdline and "torch.distributed.run" not in cmdline
+    )
+
+
+def test_4_a_run_killed_mid_train_leaves_no_rank_and_the_next_resumes(complete: Pipeline):
+    """Two gloo ranks (the CPU default) train 6 epochs; ansible-playbook is killed (SIGKILL) once
+    speculators has saved epoch 0. The next run takes the lock over, which ends the old stage:
+    torchrun's own shutdown (its ranks save an `interrupted` checkpoint and exit) within the
+    train stage's stop grace. No rank of the old run is alive afterwards; train resumes from the
+    last whole epoch in the same checkpoint directory (named after train's inputs) and the run
+    is green."""
+    pipeline = complete
+    epochs = 6
+    started = pipeline.start("train-killed", train_epochs=epochs)
+    record: dict[str, Any] = {}
+
+    def epoch0_saved() -> bool:
+        if started.proc.poll() is not None:
+            raise AssertionError(f"the run ended early\n{started.output()[-4000:]}")
+        record.update(read_json(pipeline.run_dir / "train.pid") or {})
+        saves = list((pipeline.root / "train" / "checkpoints").glob("*/0/training_state.json"))
+        return bool(record) and bool(saves) and len(rank_pids(pipeline.root)) == 2
+
+    wait_for("train to save epoch 0 with its two ranks running", epoch0_saved, 1200, every_s=0.2)
+    ranks = rank_pids(pipeline.root)
+    os.kill(started.proc.pid, signal.SIGKILL)
+    started.proc.wait(timeout=60)
+    assert all(alive(pid) for pid in ranks), "the ranks should outlive the killed playbook"
+    checkpoints = pipeline.root / "train" / "checkpoints"
+    save = next(checkpoints.glob("*/0/training_state.json")).parents[1]
+    print(f"  killed ansible-playbook with ranks {ranks} running, epoch 0 saved in {save.name}")
+
+    again = pipeline.run("train-killed-rerun", train_epochs=epochs)
+    again.assert_green()
+    assert re.search(r"took over the host lock of run \S+ \(.*stage train", again.text), (
+        again.tail()
+    )
+    assert not [pid for pid in ranks if alive(pid)], "a rank of the killed run still runs"
+    assert record["stop_grace_s"] == 45, record
+    log = (pipeline.root / "logs" / "train.log").read_text(errors="replace")
+    resumed = re.search(r"Resuming training on epoch (\d+)\.", log)
+    assert resumed and int(resumed.group(1)) >= 1, log[-3000:]
+    # torchrun's own shutdown came first: its ranks were asked to stop (SIGTERM) and saved.
+    assert (save / "interrupted" / "model.safetensors").is_file(), sorted(os.listdir(save))
+    stamp = pipeline.stamps()["train"]
+    assert stamp["artifacts"]["checkpoints"] == str(save), (stamp["artifacts"], save)
+    published = json.loads((pipeline.run_dir / "train.publish.json").read_text().splitlines()[-1])
+    assert published["metrics"]["val_loss_finite"] is True
+    pipeline.verify("train")
+    pipeline.assert_nothing_running("after the resumed train")
+    print(f"  rerun resumed on epoch {resumed.group(1)} of {epochs}; {again.seconds:.0f}s")

@@ -403,7 +403,7 @@ def test_help_describes_both_commands(capsys):
 
 # ----------------------------------------------------------------------------- log metrics
 
-# Lines of a real `python -m specfleet_helpers.cpu.train_launcher ...` log written with COLUMNS=200
+# Lines of a real `python -m specfleet_helpers.cpu.train_entry ...` log written with COLUMNS=200
 # (speculators 0.9.0, rich logging): long records still wrap onto indented lines.
 REAL_LOG = (
     "           INFO     No vocab mappings provided. Regenerating from token frequenc"

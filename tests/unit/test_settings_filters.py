@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+from pathlib import Path
+
 import pytest
 from plugin_loader import load_plugin
+
+REPO = Path(__file__).resolve().parents[2]
+CPU_PYTHON = Path(
+    os.environ.get("SPECFLEET_TEST_VENV_PYTHON", str(REPO / ".work/local/venv/bin/python"))
+)
 
 filters = load_plugin("plugins/filter/settings.py")
 
@@ -14,6 +24,7 @@ def test_every_filter_is_registered_under_the_specfleet_prefix() -> None:
         "at_least",
         "below_floor",
         "fields_at_least",
+        "split_for_ranks",
     }
 
 
@@ -87,3 +98,64 @@ def test_fields_at_least_reports_each_setting_then_each_key_in_order() -> None:
         "x.p is -1, expected >= 0",
         "y.q is -3, expected >= 0",
     ]
+
+
+# ----------------------------------------------------------------------------- rows and ranks
+
+
+def test_the_runbook_rows_fit_one_rank_and_not_eight() -> None:
+    # The npu default before issue 38: the 10 smoke rows on every device of an A2 host.
+    assert filters.split_for_ranks(10, 0.9, 1) == ""
+    assert filters.split_for_ranks(10, 0.9, 8) == (
+        "speculators splits 10 rows into 9 for training and 1 for validation (train_data_ratio "
+        "0.9); each split needs a row for every one of the 8 ranks that read it, and validation "
+        "has 1: expected at least 71 rows for 8 ranks, or at most 1 rank for 10 rows"
+    )
+    # An A3 host's 16 dies: neither split has enough.
+    assert "training has 9 and validation has 1" in filters.split_for_ranks(10, 0.9, 16)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3, 8, 16, 32])
+@pytest.mark.parametrize("ratio", [0.9, 0.8, 0.5])
+def test_the_rows_it_asks_for_are_the_fewest_that_fit(ranks: int, ratio: float) -> None:
+    rows = filters.rows_for_ranks(ranks, ratio)
+    assert filters.split_for_ranks(rows, ratio, ranks) == ""
+    assert filters.split_for_ranks(rows - 1, ratio, ranks) != ""
+    train, val = filters.train_split(rows, ratio)
+    assert min(train, val) >= ranks
+
+
+def test_the_split_is_speculators_own() -> None:
+    # int(len * ratio) in float arithmetic, as speculators' train/data.py computes it.
+    assert filters.train_split(913, 0.9) == (821, 92)
+    assert filters.train_split(30, 0.9) == (27, 3)
+    assert filters.train_split("10", "0.9") == (9, 1)
+
+
+@pytest.mark.skipif(not CPU_PYTHON.exists(), reason=f"no CPU venv python at {CPU_PYTHON}")
+def test_a_split_with_a_row_per_rank_gives_every_rank_a_batch_in_speculators_sampler() -> None:
+    """The rule's premise, against the installed speculators: a split feeds every rank a batch
+    when it has at least as many rows as ranks, and no rank otherwise (short rows and rows as
+    long as the packing length alike)."""
+    cases = [(rows, ranks) for ranks in (1, 2, 8, 16) for rows in (ranks - 1, ranks, ranks + 1)]
+    code = (
+        "import json, sys\n"
+        "from speculators.train.distributed_batch_sampler import "
+        "MultipackDistributedBatchSamplerV2 as S\n"
+        "out = []\n"
+        "for rows, ranks, length in json.loads(sys.argv[1]):\n"
+        "    out.append(min(len(S(8192, [length] * rows, ranks, r)) for r in range(ranks)))\n"
+        "print(json.dumps(out))\n"
+    )
+    asked = [[rows, ranks, length] for rows, ranks in cases if rows > 0 for length in (300, 8192)]
+    proc = subprocess.run(
+        [str(CPU_PYTHON), "-c", code, json.dumps(asked)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    fewest_batches = json.loads(proc.stdout)
+    for (rows, ranks, _length), batches in zip(asked, fewest_batches):
+        # One split's rows: every rank gets a batch exactly when there is a row per rank.
+        assert (batches >= 1) == (rows >= ranks), (rows, ranks, batches)

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -407,3 +408,133 @@ def test_a_server_started_ahead_of_its_stage_is_taken_over_and_ends_with_it(stag
     job = early.wait_finished(timeout=30)
     assert job["rc"] == 0, early.log.read_text()
     assert not (stage.run_dir / "srv.server.json").exists()
+
+
+# ----------------------------------------------------------------------------- ranks in sessions
+
+# A stand-in for torchrun as it treats its ranks (torch.distributed.elastic): each rank is
+# started with start_new_session=True, so it is not in the stage's process group; on SIGTERM it
+# sends its ranks SIGTERM, waits for them, kills what is left after 30 s, and exits. A rank
+# saves for SAVE_S seconds when asked to stop (speculators' graceful-shutdown checkpoint), or
+# ignores SIGTERM with "ignore". Each rank writes its pid, then "saved" when its save ends.
+FAKE_TORCHRUN = r"""
+import os, signal, subprocess, sys, time
+out, ranks, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+RANK = '''
+import os, signal, sys, time
+out, rank, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+def save(*_):
+    time.sleep(float(os.environ.get("SAVE_S", "1")))
+    open(f"{out}/rank{rank}.saved", "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN if mode == "ignore" else save)
+open(f"{out}/rank{rank}.pid", "w").write(str(os.getpid()))
+while True:
+    time.sleep(0.1)
+'''
+children = [
+    subprocess.Popen([sys.executable, "-c", RANK, out, str(r), mode], start_new_session=True)
+    for r in range(ranks)
+]
+def shutdown(*_):
+    for child in children:
+        child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(c.poll() is None for c in children):
+        time.sleep(0.1)
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, shutdown)
+open(f"{out}/torchrun.pid", "w").write(str(os.getpid()))
+for child in children:
+    child.wait()
+"""
+
+
+def start_ranks(stage: Stage, ranks: int = 2, mode: str = "save", **start: object) -> list[int]:
+    """A stage running the fake torchrun; returns the ranks' pids once they all run."""
+    (stage.tmp / "torchrun.py").write_text(FAKE_TORCHRUN)
+    stage.write(
+        f'echo "==> torchrun --nproc_per_node={ranks}"\n'
+        f'"{sys.executable}" "{stage.tmp / "torchrun.py"}" "{stage.tmp}" {ranks} {mode}\n'
+    )
+    stage_run.start(stage.script, stage.log, stage.run_dir, stage.name, **start)
+    return [read_pid(stage.tmp / f"rank{r}.pid") for r in range(ranks)]
+
+
+def test_stop_lets_torchrun_end_its_ranks_and_their_save_complete(stages):
+    stage = stages("train")
+    ranks = start_ranks(stage, timeout_s=60, stop_grace_s=20)
+    # The ranks are outside the stage's process group: ending the group alone would miss them.
+    record = json.loads((stage.run_dir / "train.pid").read_text())
+    assert all(os.getpgid(pid) == pid != record["pgid"] for pid in ranks)
+    assert record["stop_grace_s"] == 20 and record["marker"].startswith("train:")
+
+    assert stage_run.stop(stage.run_dir, stage.name) == {"name": "train", "stopped": True}
+    # stop returns once the supervisor recorded the end: torchrun's shutdown ran, every rank
+    # saved (torchrun asked each once), nothing of the stage is left.
+    assert not any(pid_alive(pid) for pid in ranks)
+    assert sorted(p.name for p in stage.tmp.glob("rank*.saved")) == ["rank0.saved", "rank1.saved"]
+    result = stage.status()
+    assert result["state"] == "finished" and result["rc"] != 0
+
+
+def test_a_timeout_ends_ranks_that_ignore_sigterm_after_the_stop_grace(stages):
+    stage = stages("train")
+    ranks = start_ranks(stage, mode="ignore", timeout_s=2, stop_grace_s=3)
+    t0 = time.monotonic()
+    result = stage.wait_finished(timeout=30)
+    took = time.monotonic() - t0
+    assert result["rc"] == 124 and result["timed_out"] is True
+    # Killed with their sessions once the grace ran out, before the stage was reported over
+    # (torchrun itself would have waited 30 s for them).
+    assert not any(pid_alive(pid) for pid in ranks)
+    assert took < 2 + 3 + 10, took
+    assert not list(stage.tmp.glob("rank*.saved"))
+
+
+def test_ranks_whose_torchrun_was_killed_are_asked_to_save_then_ended(stages):
+    """SIGKILL of the run (the playbook, the supervisor, torchrun) leaves the ranks orphaned;
+    the next run ends the stage from its record, as a lock takeover does (procs.end_stage)."""
+    stage = stages("train")
+    ranks = start_ranks(stage, timeout_s=60, stop_grace_s=20)
+    record = json.loads((stage.run_dir / "train.pid").read_text())
+    torchrun = read_pid(stage.tmp / "torchrun.pid")
+    os.kill(record["supervisor"], signal.SIGKILL)
+    os.kill(torchrun, signal.SIGKILL)
+    assert wait_until(lambda: not pid_alive(torchrun), 5)
+    assert all(pid_alive(pid) for pid in ranks), "the ranks live on without their torchrun"
+
+    from specfleet_helpers.host import procs
+
+    assert procs.end_stage(record) is True
+    assert not any(pid_alive(pid) for pid in ranks)
+    assert sorted(p.name for p in stage.tmp.glob("rank*.saved")) == ["rank0.saved", "rank1.saved"]
+
+
+def test_a_service_the_stage_deploys_is_not_the_stages(stages, tmp_path):
+    """The mark is inherited, so whatever must outlive its stage (the serve stage's service)
+    is started without it (service._child_env), and the stage's end leaves it running."""
+    from specfleet_helpers.host import procs
+
+    stage = stages("serve")
+    survivor = tmp_path / "survivor.pid"
+    marked_env = tmp_path / "marked.env"
+    code = (
+        "import os, subprocess, sys; from specfleet_helpers.host import service; "
+        "p = subprocess.Popen(['sleep', '300'], env=service._child_env(), start_new_session=True); "
+        f"open({str(survivor)!r}, 'w').write(str(p.pid)); "
+        f"open({str(marked_env)!r}, 'w').write(os.environ.get({procs.STAGE_ENV!r}, ''))"
+    )
+    stage.write(f'PYTHONPATH={HELPERS} "{sys.executable}" -c "{code}"\n')
+    stage_run.start(stage.script, stage.log, stage.run_dir, stage.name, 60)
+    assert stage.wait_finished()["rc"] == 0
+    pid = read_pid(survivor)
+    try:
+        assert marked_env.read_text().startswith("serve:")  # the script itself was marked
+        assert pid_alive(pid)
+        assert procs.STAGE_ENV.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+    finally:
+        os.kill(pid, signal.SIGKILL)

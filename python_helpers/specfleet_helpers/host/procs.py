@@ -2,12 +2,19 @@
 servers, model builds), and the records they leave under ``<root>/run``.
 
 One owner per process: a stage script runs in a process group of its own (stage_run), and
-everything the stage starts, its vLLM server included, stays in that group. Ending the group
-ends the stage and all it started, from one place: the stage's supervisor when the script
-ends or times out, ``stage_run stop``, or the run that takes over an abandoned host lock.
+everything the stage starts, its vLLM server included, stays in that group. What leaves the
+group is still the stage's: torchrun starts every rank in a session of its own, so each
+process a stage starts carries the stage's mark in its environment (STAGE_ENV, inherited
+across sessions). The group and the marked processes are the stage; ending them ends the stage
+and all it started, from one place (end_processes): the stage's supervisor when the script
+ends, times out or is told to stop, ``stage_run stop``, or the run that takes over an
+abandoned host lock. The group is asked first (SIGTERM), so torchrun ends its own ranks and
+they save their checkpoint; ranks that lost their torchrun are asked next; what is left when
+the stage's stop grace runs out is killed, each marked process with its own process group.
 
 Records (JSON, written atomically):
-  NAME.pid          a running stage: {"pid", "pgid", "supervisor", "started"} (stage_run)
+  NAME.pid          a running stage: {"pid", "pgid", "supervisor", "started", "marker",
+                    "stop_grace_s"} (stage_run)
   NAME.server.json  a server a stage started: {"pid", "pgid", "marker", "boot_id", ...}
                     (vllm_server). Its processes are those of group ``pgid`` whose
                     environment carries OWNER_ENV=marker, so the server can be stopped on
@@ -39,6 +46,10 @@ STAGE_RECORD = ".pid"
 SERVER_RECORD = ".server.json"
 # The environment variable that marks every process of one recorded server.
 OWNER_ENV = "SPECFLEET_OWNER"
+# The environment variable that marks every process one run of a stage started (stage_run).
+STAGE_ENV = "SPECFLEET_STAGE"
+# How often end_processes looks whether what it asked to end has ended.
+_END_STEP_S = 0.2
 
 
 def proc_stat(pid: int) -> Optional[tuple[str, int, int]]:
@@ -93,6 +104,17 @@ def _environ_has(pid: int, entry: bytes) -> bool:
         return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:  # gone, or not ours to read: then not ours to signal either
         return False
+
+
+def marked_processes(marker: str, env: str = STAGE_ENV) -> list[int]:
+    """Live processes anywhere on the host whose environment carries env=marker."""
+    entry = f"{env}={marker}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        pid = int(proc.name) if proc.name.isdigit() else 0
+        if pid and _environ_has(pid, entry) and process_alive(pid):
+            found.append(pid)
+    return sorted(found)
 
 
 def marked_members(pgid: int, marker: str) -> list[int]:
@@ -151,10 +173,73 @@ def kill_group(pgid: int, grace_s: float = DEFAULT_GRACE_S, leader_only: bool = 
     return True
 
 
+def stage_processes(pgid: int, marker: Optional[str]) -> tuple[list[int], list[int]]:
+    """(the group's live members, the live marked processes outside the group)."""
+    members = group_members(pgid)
+    if not marker:
+        return members, []
+    inside = set(members)
+    return members, [pid for pid in marked_processes(marker) if pid not in inside]
+
+
+def _session_leader(pid: int) -> bool:
+    try:
+        return os.getsid(pid) == pid
+    except OSError:
+        return False
+
+
+def _kill_everything(pgid: int, marker: Optional[str]) -> None:
+    """SIGKILL the group, then each marked process with its own process group (a torchrun
+    rank leads one, with its data-loader workers)."""
+    signal_group(pgid, signal.SIGKILL)
+    for pid in stage_processes(pgid, marker)[1]:
+        with contextlib.suppress(OSError):
+            signal_group(os.getpgid(pid), signal.SIGKILL)
+        signal_pids([pid], signal.SIGKILL)
+
+
+def end_processes(
+    pgid: int,
+    marker: Optional[str],
+    grace_s: float = DEFAULT_GRACE_S,
+    asked: bool = False,
+) -> bool:
+    """End a stage's processes: its group `pgid` and every process marked with `marker`.
+
+    SIGTERM the group (unless `asked`: the caller already did): a torchrun in it sends its
+    ranks SIGTERM, waits for them, then kills them (its own shutdown). Marked processes left
+    without a live group (ranks whose torchrun was killed) are sent SIGTERM once, so they can
+    still save. Whatever is alive after `grace_s` is killed (_kill_everything). True if
+    anything was running."""
+    members, outside = stage_processes(pgid, marker)
+    if not members and not outside:
+        return False
+    if not asked:
+        signal_group(pgid, signal.SIGTERM)
+    orphans_asked = False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        members, outside = stage_processes(pgid, marker)
+        if not members and not outside:
+            return True
+        if not members and not orphans_asked:
+            # Their torchrun is gone and cannot end them: ask the ranks (the leaders of their
+            # sessions) themselves, once; a second signal would cut their checkpoint save short.
+            signal_pids([pid for pid in outside if _session_leader(pid)], signal.SIGTERM)
+            orphans_asked = True
+        time.sleep(_END_STEP_S)
+    _kill_everything(pgid, marker)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while any(stage_processes(pgid, marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return True
+
+
 def end_stage(record: dict[str, Any]) -> bool:
     """End a recorded stage (stage_run's NAME.pid): its supervisor first, so that it can no
-    longer write the stage's files, then the stage's process group with everything the stage
-    started. True if anything was still running."""
+    longer write the stage's files, then the stage's process group and every process it marked,
+    within the stage's stop grace (end_processes). True if anything was still running."""
     ended = False
     supervisor = int(record.get("supervisor") or 0)
     if supervisor and process_alive(supervisor):
@@ -164,9 +249,8 @@ def end_stage(record: dict[str, Any]) -> bool:
         while process_alive(supervisor) and time.monotonic() < deadline:
             time.sleep(0.05)
         ended = True
-    if group_alive(int(record["pgid"])):
-        ended = kill_group(int(record["pgid"])) or ended
-    return ended
+    grace = float(record.get("stop_grace_s") or DEFAULT_GRACE_S)
+    return end_processes(int(record["pgid"]), record.get("marker"), grace) or ended
 
 
 def servers_of_group(run_dir: Path, pgid: int) -> dict[str, list[int]]:

@@ -203,8 +203,10 @@ def systemd_show(unit: str) -> dict[str, str]:
 
 def _child_env(drop: tuple[str, ...] = ()) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in drop}
-    # The service is nobody's stage server: no stage marker may reach it.
+    # The service is nobody's stage server and outlives the stage that deploys it: no marker
+    # of either may reach it, or the end of that stage would end the service too.
     env.pop(procs.OWNER_ENV, None)
+    env.pop(procs.STAGE_ENV, None)
     return env
 
 

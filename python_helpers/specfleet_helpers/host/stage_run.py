@@ -3,13 +3,17 @@
 Ansible starts a stage with ``start`` (returns at once) and polls ``status`` until the
 stage has finished, so a long stage never holds an SSH session open and every poll can
 show progress. The stage script runs in its own process group, and everything it starts
-stays there (its vLLM server too: see vllm_server), so that group is the stage: ``stop``, a
-timeout, and the end of the script (whatever it left running) end exactly that group and
-nothing else on the host. Only the supervisor does it, and it forgets the records of the
-servers that went with the group (procs).
+stays there (its vLLM server too: see vllm_server) or, when it starts a session of its own
+(torchrun's ranks), carries the stage's mark in its environment (procs.STAGE_ENV): the group
+and the marked processes are the stage. ``stop``, a timeout, and the end of the script
+(whatever it left running) end exactly those and nothing else on the host, through the
+supervisor: SIGTERM first (torchrun then ends its ranks, which save a checkpoint), SIGKILL
+once the stage's stop grace (``--stop-grace``) is over (procs.end_processes). The supervisor
+also forgets the records of the servers that went with the group (procs).
 
 Files, for a stage NAME under RUN_DIR:
-  NAME.pid          pid and process group of the running script
+  NAME.pid          pid and process group of the running script, its supervisor, the mark
+                    of its processes and its stop grace
   NAME.status.json  written when the script ends: rc, timed_out, start/end times
 
 Progress: the last log line that starts with ``==>`` is reported as the current step,
@@ -33,16 +37,19 @@ from specfleet_helpers.host import host_lock, procs
 from specfleet_helpers.host.procs import (
     DEFAULT_GRACE_S,
     group_alive,
-    kill_group,
     process_alive,
     read_json,
 )
 
 STEP_PREFIX = "==>"
-KILL_GRACE_S = DEFAULT_GRACE_S
+# How long a stage that is stopped (or timed out) gets from SIGTERM to SIGKILL, unless its
+# declaration gives it more (train: torchrun's own shutdown and the ranks' checkpoint save).
+STOP_GRACE_S = DEFAULT_GRACE_S
 # What the script left running when it ended (its vLLM server after a failure, say) gets this
 # long after SIGTERM: a vLLM server shuts down cleanly within it.
 LEFTOVER_GRACE_S = 5.0
+# How long `stop` waits for the supervisor beyond the stop grace before ending the stage itself.
+_STOP_MARGIN_S = 10.0
 
 
 # How often a --wait status looks again: ends are seen within this, at a few stat() calls.
@@ -63,29 +70,13 @@ def current_step(log: Path) -> str:
     return ""
 
 
-def _terminate_child_group(pid: int) -> int:
-    """SIGTERM the script's group, reaping the script itself; SIGKILL after the grace period."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + KILL_GRACE_S
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        time.sleep(0.2)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    return os.waitpid(pid, 0)[1]
-
-
-def _supervise(script: Path, log: Path, run_dir: Path, name: str, timeout_s: float) -> None:
+def _supervise(
+    script: Path, log: Path, run_dir: Path, name: str, timeout_s: float, stop_grace_s: float
+) -> None:
     """Body of the detached supervisor: run the script, enforce the timeout, record the end."""
     paths = _paths(run_dir, name)
     started = time.time()
+    marker = f"{name}:{os.getpid()}:{started:.6f}"
     with open(log, "ab", buffering=0) as out, open(os.devnull, "rb") as devnull:
         pid = os.fork()
         if pid == 0:  # the stage script: its own process group, so it can be ended as a whole
@@ -93,6 +84,8 @@ def _supervise(script: Path, log: Path, run_dir: Path, name: str, timeout_s: flo
             os.dup2(devnull.fileno(), 0)
             os.dup2(out.fileno(), 1)
             os.dup2(out.fileno(), 2)
+            # Inherited by everything the stage starts, in its group or in a session of its own.
+            os.environ[procs.STAGE_ENV] = marker
             try:
                 os.execvp("bash", ["bash", str(script)])
             finally:
@@ -102,38 +95,58 @@ def _supervise(script: Path, log: Path, run_dir: Path, name: str, timeout_s: flo
         except OSError:
             pass  # the child already did it
         write_json_atomic(
-            paths["pid"], {"pid": pid, "pgid": pid, "supervisor": os.getpid(), "started": started}
+            paths["pid"],
+            {
+                "pid": pid,
+                "pgid": pid,
+                "supervisor": os.getpid(),
+                "started": started,
+                "marker": marker,
+                "stop_grace_s": stop_grace_s,
+            },
         )
+        # When the stage was asked to end (a signal to the supervisor, or its timeout): the
+        # grace runs from then, for the script and for whatever it started.
+        stopping: list[float] = []
+
+        def begin_stop() -> None:
+            if not stopping:
+                stopping.append(time.monotonic())
+                procs.signal_group(pid, signal.SIGTERM)
 
         def forward(signum: int, _frame: Any) -> None:
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            begin_stop()
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         timed_out = False
+        killed = False
         deadline = time.monotonic() + timeout_s
         status = 0
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 break
-            if time.monotonic() > deadline:
+            if not stopping and time.monotonic() > deadline:
                 timed_out = True
                 msg = (
                     f"\n==> specfleet: stage '{name}' exceeded its timeout of "
                     f"{timeout_s:.0f}s; stopping it\n"
                 )
                 out.write(msg.encode())
-                status = _terminate_child_group(pid)
-                break
+                begin_stop()
+            if stopping and not killed and time.monotonic() > stopping[0] + stop_grace_s:
+                procs.end_processes(pid, marker, grace_s=0, asked=True)  # the grace is over
+                killed = True
             time.sleep(0.5)
-        # What the script started and left running (its server after a failure, a stray
-        # child) is in its group: end it, and only then tell Ansible the stage is over, so
-        # the next stage finds the ports and the memory free.
-        kill_group(pid, grace_s=LEFTOVER_GRACE_S)
+        # What the script started and left running (its server after a failure, torchrun's
+        # ranks, a stray child) is the stage's: end it, and only then tell Ansible the stage is
+        # over, so the next stage finds the ports and the memory free.
+        if stopping:
+            left = max(0.0, stopping[0] + stop_grace_s - time.monotonic())
+            procs.end_processes(pid, marker, grace_s=left, asked=True)
+        else:
+            procs.end_processes(pid, marker, grace_s=LEFTOVER_GRACE_S)
         procs.forget_dead_servers(run_dir, pid)
     rc = os.waitstatus_to_exitcode(status)
     if rc < 0:  # killed by a signal: report it the way a shell does (143 for SIGTERM)
@@ -145,6 +158,7 @@ def _supervise(script: Path, log: Path, run_dir: Path, name: str, timeout_s: flo
             "name": name,
             "rc": 124 if timed_out else rc,
             "timed_out": timed_out,
+            "stopped": bool(stopping) and not timed_out,
             "started": started,
             "ended": ended,
             "duration_s": round(ended - started, 1),
@@ -156,7 +170,14 @@ def _supervise(script: Path, log: Path, run_dir: Path, name: str, timeout_s: flo
         pass
 
 
-def start(script: Path, log: Path, run_dir: Path, name: str, timeout_s: float) -> dict[str, Any]:
+def start(
+    script: Path,
+    log: Path,
+    run_dir: Path,
+    name: str,
+    timeout_s: float,
+    stop_grace_s: float = STOP_GRACE_S,
+) -> dict[str, Any]:
     """Start the stage detached; first end a stale run of it (left by a killed playbook)."""
     paths = _paths(run_dir, name)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -182,7 +203,7 @@ def start(script: Path, log: Path, run_dir: Path, name: str, timeout_s: float) -
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         try:
-            _supervise(script, log, run_dir, name, timeout_s)
+            _supervise(script, log, run_dir, name, timeout_s, stop_grace_s)
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
@@ -254,11 +275,24 @@ def _status_now(log: Path, run_dir: Path, name: str, tail: int) -> dict[str, Any
 
 
 def stop(run_dir: Path, name: str) -> dict[str, Any]:
-    """End the stage's process group (its supervisor then records the end)."""
+    """Stop the stage as its timeout would: its supervisor ends the script and everything it
+    started (SIGTERM, then SIGKILL after the stage's stop grace) and records the end. A stage
+    whose supervisor is gone, or does not finish in time, is ended here (procs.end_stage)."""
     info = read_json(_paths(run_dir, name)["pid"])
-    stopped = bool(info) and kill_group(int(info["pgid"]))
-    if info:
-        procs.forget_dead_servers(run_dir, int(info["pgid"]))
+    if not info:
+        return {"name": name, "stopped": False}
+    supervisor = int(info.get("supervisor") or 0)
+    grace = float(info.get("stop_grace_s") or STOP_GRACE_S)
+    stopped = False
+    if supervisor and process_alive(supervisor):
+        os.kill(supervisor, signal.SIGTERM)
+        stopped = True
+        deadline = time.monotonic() + grace + _STOP_MARGIN_S
+        while process_alive(supervisor) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    if process_alive(supervisor) or group_alive(int(info["pgid"])):
+        stopped = procs.end_stage(info) or stopped
+    procs.forget_dead_servers(run_dir, int(info["pgid"]))
     return {"name": name, "stopped": stopped}
 
 
@@ -282,6 +316,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             p.add_argument("--script", required=True, type=Path, help="the stage's bash script")
             p.add_argument(
                 "--timeout", required=True, type=float, help="seconds before the stage is stopped"
+            )
+            p.add_argument(
+                "--stop-grace",
+                type=float,
+                default=STOP_GRACE_S,
+                help="seconds a stopped stage gets from SIGTERM to SIGKILL (default %(default)s)",
             )
             p.add_argument(
                 "--withdraw",
@@ -313,7 +353,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             parser.error(f"--script {args.script} does not exist")
         for stamp in args.withdraw:
             stamp.unlink(missing_ok=True)
-        result = start(args.script, args.log, args.run_dir, args.name, args.timeout)
+        result = start(
+            args.script, args.log, args.run_dir, args.name, args.timeout, args.stop_grace
+        )
     elif args.command == "status":
         if args.lock and args.lock_token:
             # Each poll is the run's heartbeat: a lock whose run stopped polling goes stale.

@@ -7,7 +7,7 @@
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
 PY=python3
-SAVE=/var/lib/specfleet/train/checkpoints/3ec49a6a0822
+SAVE=/var/lib/specfleet/train/checkpoints/db03181be303
 export TORCHDYNAMO_DISABLE=1
 # speculators logs metrics through rich: wide lines keep `val/loss_epoch=...` on one line.
 export COLUMNS=200
@@ -38,6 +38,7 @@ ARGS=(
   --num-layers 5
   --target-layer-ids 2 18 34
   --on-missing raise
+  --train-data-ratio 0.9
 )
 
 echo "==> torchrun --nproc_per_node=1 -m speculators.train (1 epoch(s))"

@@ -7,7 +7,7 @@
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
 PY=/var/lib/specfleet/venv/bin/python
-SAVE=/var/lib/specfleet/train/checkpoints/6a8545e703eb
+SAVE=/var/lib/specfleet/train/checkpoints/db03181be303
 export TORCHDYNAMO_DISABLE=1
 # speculators logs metrics through rich: wide lines keep `val/loss_epoch=...` on one line.
 export COLUMNS=200
@@ -39,12 +39,13 @@ ARGS=(
   --num-layers 5
   --target-layer-ids 2 18 34
   --on-missing raise
+  --train-data-ratio 0.9
 )
 
-echo "==> torchrun --nproc_per_node=16 -m speculators.train (1 epoch(s))"
+echo "==> torchrun --nproc_per_node=1 -m speculators.train (1 epoch(s))"
 # torchrun through the image's interpreter: a bare `torchrun` is looked up on a PATH that a
 # non-interactive exec into the image does not have.
-"$PY" -m torch.distributed.run --standalone --nproc_per_node=16 -m speculators.train "${ARGS[@]}"
+"$PY" -m torch.distributed.run --standalone --nproc_per_node=1 -m speculators.train "${ARGS[@]}"
 
 echo "==> publish the best checkpoint as a clean draft"
 "$PY" -m specfleet_helpers.stages.checkpoint publish --save-path "$SAVE" --out /var/lib/specfleet/train/draft \
