@@ -177,7 +177,9 @@ class FakeStack:
         self.logged: list[str] = []
         self.process_groups: list[str] = []
         self.torch_distributed = types.ModuleType("torch.distributed")
-        self.torch_distributed.init_process_group = stack.process_groups.append
+        self.torch_distributed.init_process_group = lambda backend, timeout: (
+            stack.process_groups.append((backend, timeout.total_seconds()))
+        )
         self.torch_distributed.get_rank = lambda: int(os.environ.get("RANK", "0"))
         self.torch_distributed.get_world_size = lambda: int(os.environ.get("WORLD_SIZE", "1"))
         self.torch.distributed = self.torch_distributed
@@ -209,7 +211,7 @@ class FakeStack:
             "speculators.train.config": self.config_module,
         }.items():
             monkeypatch.setitem(sys.modules, name, module)
-        for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "SPECFLEET_GLOO_TIMEOUT_S"):
             monkeypatch.delenv(name, raising=False)
 
 
@@ -267,9 +269,11 @@ def test_a_torchrun_rank_joins_a_gloo_process_group(monkeypatch, capsys):
     stack.install(monkeypatch)
     for name, value in {"LOCAL_RANK": "1", "RANK": "3", "WORLD_SIZE": "4"}.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SPECFLEET_GLOO_TIMEOUT_S", "45")
     assert train_entry.main(["--epochs", "1"]) == 0
-    # Upstream's setup (which raises "No accelerator found" here) was replaced, in both places.
-    assert stack.process_groups == ["gloo"]
+    # Upstream's setup (which raises "No accelerator found" here) was replaced, in both places;
+    # a lost peer fails a collective after the job's timeout, not torch's 30 minutes.
+    assert stack.process_groups == [("gloo", 45.0)]
     d = stack.distributed
     assert (d._local_rank, d._rank, d._world_size, d._is_distributed) == (1, 3, 4, True)
     assert (d._sp_size, d._dp_size) == (1, 4)

@@ -16,7 +16,9 @@ one, then calls ``speculators.train.cli.main(TrainConfig.resolve(argv))``, the e
 own. Patches (names as in speculators 0.9.0):
 
 * ``speculators.train.distributed.maybe_setup_distributed`` (and its copy that
-  ``speculators.train.cli`` imported) -> the same setup with ``init_process_group("gloo")``.
+  ``speculators.train.cli`` imported) -> the same setup with ``init_process_group("gloo")``,
+  whose collectives wait ``SPECFLEET_GLOO_TIMEOUT_S`` seconds (default 1800) for a peer: the
+  bound on how long a job across hosts hangs on a lost host.
   Upstream calls ``torch.accelerator.set_device_index(LOCAL_RANK)``, raises "No accelerator
   found" without one, and picks the backend with ``get_default_backend_for_device`` (HCCL on
   NPU). Everything else is upstream's: ranks and world size from the process group, the
@@ -69,6 +71,10 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 BACKEND = "gloo"
+# Seconds a gloo collective (and the process group's start) waits for a peer before it fails:
+# how long a job across hosts can hang on a lost host. torch's default is 30 minutes.
+TIMEOUT_ENV = "SPECFLEET_GLOO_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800
 
 # The names the patches replace, as (module, attribute); checked before patching so that a
 # speculators release that renamed one fails with a clear message instead of running on the
@@ -202,13 +208,16 @@ def gloo_setup_distributed(distributed: Any, environ: Mapping[str, str]) -> Any:
     """
 
     def maybe_setup_distributed(sp_size: int = 1) -> None:
+        from datetime import timedelta
+
         import torch.distributed as dist
 
         distributed._local_rank = int(environ.get("LOCAL_RANK", "0"))
         distributed._is_distributed = "LOCAL_RANK" in environ
         if not distributed._is_distributed:
             return
-        dist.init_process_group(BACKEND)
+        timeout = timedelta(seconds=float(environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S))
+        dist.init_process_group(BACKEND, timeout=timeout)
         distributed._rank = dist.get_rank()
         distributed._world_size = dist.get_world_size()
         distributed._init_sp_process_groups(distributed._rank, distributed._world_size, sp_size)
