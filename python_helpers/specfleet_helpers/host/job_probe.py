@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from specfleet_helpers.files import write_json_atomic
+from specfleet_helpers.host import procs
 
 CARDS = Path(".specfleet") / "hosts"
 _SIOCGIFADDR = 0x8915
@@ -98,6 +99,11 @@ def find_network(
         usable = [a for a in sources if a and not a.startswith("127.")]
         if usable:
             address = usable[0]
+        elif any(sources):
+            problems.append(
+                f"this host reaches {', '.join(peers)} over loopback only: set "
+                "specfleet_job_address to the address the other hosts reach it at"
+            )
         elif peers:
             problems.append(
                 f"no route from this host to {', '.join(peers)}: set specfleet_job_address"
@@ -146,20 +152,14 @@ def serve_ports(servers: list[socket.socket], seconds: float, expected: int = 0)
 def end_listener(card: Optional[dict[str, Any]]) -> None:
     """End the listener an earlier announce of this host left (it holds the ports still)."""
     pid = int((card or {}).get("listener_pid") or 0)
-    if pid <= 0:
-        return
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return
-    if b"job_probe" not in cmdline:
-        return  # the pid was reused: not ours
+    if pid <= 0 or not procs.same_process(pid, (card or {}).get("listener_starttime")):
+        return  # gone, or its pid reused by another process: not ours
     try:
         os.kill(pid, signal.SIGTERM)
     except OSError:
         return
     deadline = time.monotonic() + 5
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+    while procs.process_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
 
 
@@ -215,6 +215,8 @@ def announce(
                 f"port {port} on {host} ({found_address}) cannot be listened on: {exc}"
             ) from None
         card["listener_pid"] = _detach(servers, listen_for, len(peers))
+        stat = procs.proc_stat(card["listener_pid"])
+        card["listener_starttime"] = stat[2] if stat else None
         listening = list(listen)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, card)
