@@ -941,3 +941,84 @@ def test_cached_templates_render_the_same_report(tmp_path, monkeypatch):
     assert len(list(cache.glob("__jinja2_*.cache"))) == 3
     assert outputs[0]["fleet.md"] == outputs[1]["fleet.md"]
     assert all("a950-node1" in output["fleet.html"] for output in outputs)
+
+
+def job_host(rank: int, first: int, files: int, sha: str, **extra: Any) -> dict[str, Any]:
+    data = host("ascend-950", **extra)
+    data["settings"]["job"] = {
+        "name": "ascend-950",
+        "nodes": 2,
+        "node_rank": rank,
+        "address": f"10.213.9.{11 + rank}",
+    }
+    if data["state"]:
+        stamps = data["state"]["stamps"]
+        stamps["hidden_states"]["metrics"] = {"first": first, "files": files}
+        stamps["train"] = {
+            **stamps["train"],
+            "inputs": {"nproc_per_node": 2},
+            "duration_s": 84.7,
+            "metrics": {
+                "metrics": {"val_loss": 1.5},
+                "files": [{"name": "model.safetensors", "sha256": sha, "size": 1}],
+            },
+        }
+        stamps["data"]["metrics"] = {"rows": 913}
+    return data
+
+
+def test_a_job_of_two_hosts_has_its_section(tmp_path):
+    doc = document(
+        {
+            "a950-node2": job_host(1, 457, 456, "ab" * 32),
+            "a950-node1": job_host(0, 0, 457, "ab" * 32),
+            "a2-node1": host("atlas-a2"),
+        }
+    )
+    result = run(tmp_path, doc)
+    assert result.rc == 0
+    (job,) = fleet_json(result.out)["jobs"]
+    assert job["name"] == "ascend-950" and job["hosts"] == ["a950-node1", "a950-node2"]
+    assert (job["nodes"], job["nproc_per_node"], job["ranks"], job["rows"]) == (2, 2, 4, 913)
+    assert [(p["rows_first"], p["hidden_state_files"]) for p in job["per_host"]] == [
+        (0, 457),
+        (457, 456),
+    ]
+    assert job["same_draft"] is True and job["draft_sha256"] == "ab" * 32
+    assert job["val_loss"] == 1.5 and job["lost"] == [] and job["green"] is True
+    md = (result.out / "fleet.md").read_text()
+    assert "Job `ascend-950`: 2 hosts x 2 ranks, one torchrun world of 4 ranks over 913 rows" in md
+    assert "| a950-node2 | 1 | 10.213.9.12 | 457 | 456 | passed | 1m 25s |" in md
+
+
+def test_a_job_names_the_host_it_lost_and_a_draft_that_differs(tmp_path):
+    survivor = job_host(0, 0, 457, "ab" * 32)
+    survivor["run"]["train"] = {
+        "status": "failed",
+        "reason": "inputs changed: epochs",
+        "duration_s": 3.5,
+        "error": "stage train failed on a950-node1: exit code 1",
+        "log_tail": ["RuntimeError: ... Read error [10.213.9.12]:28373: Connection reset by peer."],
+        "log": "/srv/specfleet/logs/train.log",
+        "rerun": "bash /srv/specfleet/run/train.sh",
+    }
+    other = job_host(1, 457, 456, "cd" * 32)
+    result = run(tmp_path, document({"a950-node1": survivor, "a950-node2": other}))
+    (job,) = fleet_json(result.out)["jobs"]
+    assert job["lost"] == ["a950-node2"] and job["green"] is False
+    assert job["same_draft"] is False and job["draft_sha256"] is None
+    md = (result.out / "fleet.md").read_text()
+    assert "**not the same draft on every host**; **lost: a950-node2**" in md
+    # an unreachable host of the job is lost too
+    down = job_host(1, 0, 0, "", reachable=False, state=None, run={}, wall_time_s=None)
+    (tmp_path / "down").mkdir()
+    result = run(
+        tmp_path / "down", document({"a950-node1": job_host(0, 0, 913, "ab"), "a950-node2": down})
+    )
+    assert fleet_json(result.out)["jobs"][0]["lost"] == ["a950-node2"]
+
+
+def test_hosts_alone_have_no_job_section(tmp_path):
+    result = run(tmp_path, green_fleet())
+    assert fleet_json(result.out)["jobs"] == []
+    assert "Job `" not in (result.out / "fleet.md").read_text()

@@ -655,8 +655,86 @@ def build_report(
             "by_group": by_group,
         },
         "controller_sources": controller_sources(hosts),
+        "jobs": job_summaries(doc, hosts),
         "hosts": hosts,
     }
+
+
+def _sha256_of(files: Any, name: str) -> Optional[str]:
+    for entry in files if isinstance(files, list) else []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            return entry.get("sha256")
+    return None
+
+
+def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per job of several hosts (specfleet_job), from its hosts' stamps: the hosts in
+    node order with their share of the rows and of the hidden-state files, their time in train
+    and the checksum of the draft each published; the job's ranks, rows and loss; whether every
+    host has the same draft; and the hosts lost to it (unreachable, or named by address in
+    another host's train failure: the peer its collectives lost)."""
+    entries = {h["name"]: h for h in hosts}
+    by_job: dict[str, list[tuple[int, str]]] = {}
+    for name, raw in doc["hosts"].items():
+        job = (raw.get("settings") or {}).get("job") or {}
+        if job.get("name") and int(job.get("nodes") or 1) > 1:
+            by_job.setdefault(job["name"], []).append((int(job.get("node_rank") or 0), name))
+    jobs = []
+    for job_name, members in sorted(by_job.items()):
+        names = [name for _, name in sorted(members)]
+        per_host, nproc, rows, loss = [], None, None, None
+        for name in names:
+            raw = doc["hosts"][name]
+            job = raw["settings"]["job"]
+            stamps = (raw.get("state") or {}).get("stamps") or {}
+            hs_metrics = _get(stamps.get("hidden_states"), "metrics") or {}
+            train = stamps.get("train") or {}
+            nproc = nproc or _get(train, "inputs", "nproc_per_node")
+            rows = rows or _get(stamps.get("data"), "metrics", "rows")
+            host_loss = _get(train, "metrics", "metrics", "val_loss")
+            loss = loss if loss is not None else host_loss
+            per_host.append(
+                {
+                    "host": name,
+                    "node_rank": job.get("node_rank"),
+                    "address": job.get("address"),
+                    "rows_first": hs_metrics.get("first"),
+                    "hidden_state_files": hs_metrics.get("files"),
+                    "train": entries[name]["stages"].get("train", {}).get("status"),
+                    "train_s": train.get("duration_s"),
+                    "draft_sha256": _sha256_of(_get(train, "metrics", "files"), "model.safetensors"),
+                }
+            )
+        checksums = {p["draft_sha256"] for p in per_host}
+        addresses = {p["address"]: p["host"] for p in per_host if p["address"]}
+        lost = [name for name in names if not entries[name]["reachable"]]
+        for name in names:
+            train = entries[name]["stages"].get("train") or {}
+            if train.get("status") != FAILED:
+                continue
+            said = "\n".join([train.get("error") or "", *(train.get("log_tail") or [])])
+            for address, other in addresses.items():
+                if other != name and other not in lost and re.search(
+                    rf"(?<![0-9.]){re.escape(address)}(?![0-9])", said
+                ):
+                    lost.append(other)
+        jobs.append(
+            {
+                "name": job_name,
+                "hosts": names,
+                "nodes": len(names),
+                "nproc_per_node": nproc,
+                "ranks": nproc * len(names) if isinstance(nproc, int) else None,
+                "rows": rows,
+                "green": all(entries[n]["green"] for n in names),
+                "val_loss": _finite(loss),
+                "draft_sha256": checksums.pop() if len(checksums) == 1 else None,
+                "same_draft": len(checksums) <= 1 and None not in {p["draft_sha256"] for p in per_host},
+                "lost": lost,
+                "per_host": per_host,
+            }
+        )
+    return jobs
 
 
 def controller_sources(hosts: list[dict[str, Any]]) -> dict[str, Any]:
