@@ -1,10 +1,16 @@
-"""The fleet scenario's checks (molecule/fleet): three real hosts, one per hardware group,
-ran the CPU pipeline through controller sources (a950-node1 in a work root with a space);
-the side effect then ran the fleet once more with train broken on a950-node1 on purpose,
-the trained draft's weights deleted on a3-node1 and a serve API key set there. Checked here:
-- the reports: the converge run's is green on every host, the broken run's shows a950-node1
-  failed at train (with the error, log tail and a quoted re-run command) while a2-node1 and
-  a3-node1 passed;
+"""The fleet scenario's checks (molecule/fleet): four real hosts, one per hardware group and a
+second in ascend-950, ran the CPU pipeline through controller sources (a950-node1 in a work root
+with a space); ascend-950's two hosts are one job (specfleet_job): the data once, the hidden
+states half each, one torchrun world, the checkpoints on their shared storage. The side effect
+then ran the fleet once more with train broken on ascend-950 on purpose, the trained draft's
+weights deleted on a3-node1 and a serve API key set there. Checked here:
+- the reports: the converge run's is green on every host, the broken run's shows ascend-950's
+  hosts failed at train (with the error, log tail and a quoted re-run command) while a2-node1
+  and a3-node1 passed;
+- the job: each host dumped its share of the hidden states (counted), its ranks were its share
+  of one torchrun world of 2 x 2 ranks (their logs), both hosts publish the same draft (the
+  checksum); a950-node2 crashed mid-training: a950-node1's train failed within seconds, the
+  report names a950-node2 as lost, and the next run resumed from the shared checkpoints, green;
 - the damaged host redid exactly train and serve, and its serve proved a request without the
   key is refused (HTTP 401); a2-node1, where nothing changed, redid nothing;
 - the key is in no file of any host's work root and in no report;
@@ -42,6 +48,13 @@ REPORTS = Path(os.environ.get("SPECFLEET_REPORTS_DIR", "/tmp/specfleet-molecule/
 API_KEY_FILE = Path("/tmp/specfleet-molecule/fleet/serve-api-key.yml")
 FLEET_GROUPS = ("atlas-a2", "atlas-a3", "ascend-950")
 BROKEN_HOST, BROKEN_STAGE = "a950-node1", "train"
+# ascend-950's two hosts train one draft (molecule/fleet/group_vars/ascend-950.yml); the broken
+# run broke train on both (a job's settings are its group's).
+JOB, JOB_HOSTS = "ascend-950", ("a950-node1", "a950-node2")
+ALL_HOSTS = {"a2-node1", "a3-node1", *JOB_HOSTS}
+# From a host's crash to the failure of the job on the other (with the stage poll's delay).
+JOB_FAILS_WITHIN_S = 60
+JOB_LOST = Path("/tmp/specfleet-molecule/fleet/job-lost.json")
 # Its trained draft's weights deleted before the side effect's run, which set a serve API key
 # there (molecule/fleet).
 DAMAGED_HOST = "a3-node1"
@@ -106,10 +119,20 @@ def latest() -> dict[str, Any]:
 
 
 def rollout_report() -> dict[str, Any]:
-    """The side effect's last run: the failed rollout to a2-node1 and a3-node1."""
+    """The side effect's third run: the failed rollout to a2-node1 and a3-node1."""
     found = reports()
-    assert len(found) == 4, [r["_dir"] for r in found]
+    assert len(found) == 6, [r["_dir"] for r in found]
     return found[3]
+
+
+def job_lost_report() -> dict[str, Any]:
+    """The side effect's fourth run: ascend-950's job, a950-node2 crashed mid-training."""
+    return reports()[4]
+
+
+def job_resumed_report() -> dict[str, Any]:
+    """The side effect's last run: ascend-950's job again, resumed."""
+    return reports()[5]
 
 
 def read_json(host, path: str) -> dict[str, Any]:
@@ -126,7 +149,7 @@ def test_first_report_is_green_on_every_host():
     assert first["schema"] == "specfleet.fleet/1"
     assert first["green"], first["totals"]
     hosts = by_host(first)
-    assert set(hosts) == {"a2-node1", "a3-node1", "a950-node1"}
+    assert set(hosts) == ALL_HOSTS
     assert {h["group"] for h in hosts.values()} == set(FLEET_GROUPS)
     for name, h in hosts.items():
         assert all(s["status"] == "passed" for s in h["stages"].values()), (name, h["stages"])
@@ -160,7 +183,11 @@ def test_broken_run_reports_the_failed_host_and_passes_the_others():
     assert broken["rerun"] == "bash " + shlex.quote("/srv/spec fleet/run/train.sh"), broken
     for name in ("a2-node1", "a3-node1"):
         assert hosts[name]["green"], hosts[name]
-    assert report["totals"]["not_green"] == 1
+    # the job's other host failed at train too, with the same broken argument
+    other = hosts["a950-node2"]
+    assert other["failed_stage"] == BROKEN_STAGE, other["stages"]
+    assert "--specfleet-broken-on-purpose" in "\n".join(other["log_tail"]), other["log_tail"]
+    assert report["totals"]["not_green"] == 2
     # The artifact suite ran again where a stage was redone, and only there.
     assert hosts["a2-node1"]["artifact_tests"]["reused_from"] == reports()[0]["report_id"]
     assert hosts[DAMAGED_HOST]["artifact_tests"]["reused_from"] is None
@@ -202,7 +229,7 @@ def test_broken_run_markdown_and_junit():
         for case in suite.iter("testcase")
         if case.find("failure") is not None
     ]
-    assert failures == [(BROKEN_HOST, BROKEN_STAGE)], failures
+    assert sorted(failures) == [(h, BROKEN_STAGE) for h in JOB_HOSTS], failures
 
 
 def test_reports_hold_no_secrets():
@@ -242,7 +269,7 @@ def test_host_is_its_own_machine(host):
     assert host.check_output("hostname") == name
     assert host.file(f"{root}/state/npu_env.json").exists
     # /srv is the host's own: another host's work root is not visible here
-    others = {"a2-node1", "a3-node1", "a950-node1"} - {name}
+    others = ALL_HOSTS - {name}
     stamps = {read_json(host, f"{root}/state/npu_env.json").get("host"), name}
     assert not others & stamps
 
@@ -286,9 +313,9 @@ def test_models_and_wheels_came_from_the_controller(host):
 def test_stage_stamp_present(host, stage):
     name = host.backend.get_hostname()
     root = root_of(host)
-    if (name, stage) in ((BROKEN_HOST, BROKEN_STAGE), (ROLLOUT_FAILED_HOST, "serve")):
-        # withdrawn when the broken run (or the failed rollout) started the stage; the failure
-        # record says why
+    if (name, stage) == (ROLLOUT_FAILED_HOST, "serve"):
+        # withdrawn when the failed rollout started the stage; the failure record says why
+        # (ascend-950's train, broken and then lost, passed in the side effect's last run)
         assert not host.file(f"{root}/state/{stage}.json").exists
         failure = read_json(host, f"{root}/state/{stage}.failed.json")
         assert failure["stage"] == stage and failure["host"] == name
@@ -418,3 +445,76 @@ def test_a_killed_server_comes_back_under_its_supervisor(host):
     assert now["supervisor_pid"] == before["supervisor_pid"], (before, now)
     log = host.file(f"{root}/logs/serve.service.log").content_string
     assert f"restart {now['restarts']} in" in log, log[-2000:]
+
+
+# --- the job (ascend-950) -------------------------------------------------------------------
+
+
+def job_of(report: dict[str, Any]) -> dict[str, Any]:
+    (job,) = report["jobs"]
+    assert job["name"] == JOB and job["hosts"] == list(JOB_HOSTS), job
+    return job
+
+
+def test_the_job_prepared_its_data_once_and_split_the_hidden_states():
+    job = job_of(reports()[0])
+    assert (job["nodes"], job["nproc_per_node"], job["ranks"]) == (2, 2, 4), job
+    rows = job["rows"]
+    first, second = job["per_host"]
+    # speculators' generate-offline-data --world-size 2 --rank r: contiguous halves
+    assert first["rows_first"] == 0 and first["hidden_state_files"] == (rows + 1) // 2, job
+    assert second["rows_first"] == (rows + 1) // 2, job
+    assert first["hidden_state_files"] + second["hidden_state_files"] == rows, job
+    hosts = by_host(reports()[0])
+    # The data ran once, on the job's first host; its second host checked and recorded it.
+    assert hosts["a950-node1"]["stages"]["data"]["detail"].startswith("ran: "), hosts
+    assert hosts["a950-node2"]["stages"]["data"]["detail"].startswith("ran: "), hosts
+
+
+def test_the_job_trains_one_draft_on_every_host():
+    for report in (reports()[0], job_resumed_report()):
+        job = job_of(report)
+        assert job["green"] and job["same_draft"] and job["draft_sha256"], job
+        assert job["lost"] == [], job
+
+
+def test_the_job_lost_a_host_within_seconds_and_named_it():
+    lost = json.loads(JOB_LOST.read_text())
+    assert 0 <= lost["failed_after_s"] < JOB_FAILS_WITHIN_S, lost
+    report = job_lost_report()
+    job = job_of(report)
+    assert job["lost"] == ["a950-node2"] and not job["green"], job
+    hosts = by_host(report)
+    survivor = hosts["a950-node1"]
+    assert survivor["failed_stage"] == "train", survivor["stages"]
+    assert not hosts["a950-node2"]["reachable"], hosts["a950-node2"]
+    # what a user reads: the peer's address in the collective's error
+    assert "Connection reset by peer" in "\n".join(survivor["log_tail"]) + (survivor["error"] or "")
+
+
+def test_the_job_resumed_from_the_shared_checkpoints():
+    report = job_resumed_report()
+    assert report["green"], report["totals"]
+    for name in JOB_HOSTS:
+        train = by_host(report)[name]["stages"]["train"]
+        assert train["detail"].startswith("ran: "), train
+
+
+def test_this_hosts_ranks_were_its_share_of_one_world(host):
+    """The resumed run's ranks on this host (its train log): node r of the job ran global
+    ranks 2r and 2r + 1 of one world of 4; the job's first host, which has rank 0, resumed
+    from the epoch the lost run had saved."""
+    name = host.backend.get_hostname()
+    if name not in JOB_HOSTS:
+        pytest.skip("not a host of the job")
+    log = host.file(f"{root_of(host)}/logs/train.log").content_string
+    started = set(re.findall(r"backend gloo, rank (\d+) of (\d+)\)", log))
+    node = JOB_HOSTS.index(name)
+    assert started == {(str(2 * node), "4"), (str(2 * node + 1), "4")}, started
+    if node == 0:
+        resumed = re.search(r"Resuming training on epoch (\d+)", log)
+        assert resumed and int(resumed.group(1)) >= 1, log[-3000:]
+    stamp = read_json(host, f"{root_of(host)}/state/train.json")
+    sha = next(f["sha256"] for f in stamp["metrics"]["files"] if f["name"] == "model.safetensors")
+    assert host.file(f"{stamp['artifacts']['draft']}/model.safetensors").sha256sum == sha
+    assert sha == job_of(job_resumed_report())["draft_sha256"]
