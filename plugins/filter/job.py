@@ -50,8 +50,8 @@ def _announced(hostvars: Mapping[str, Any], host: str, registered: str) -> Optio
 
 
 def job_absent(hosts: Iterable[str], hostvars: Mapping[str, Any], registered: str) -> list[str]:
-    """"HOST: why" for each of `hosts` whose announcement (the registered result `registered`)
-    is missing: unreachable or refused (specfleet_host_stopped), failed an earlier check
+    """Each of `hosts` whose announcement (the registered result `registered`) is missing, as
+    "HOST (why)": unreachable or refused (specfleet_host_stopped), failed an earlier check
     (specfleet_failed_stage), or failed to announce itself."""
     out = []
     for host in hosts:
@@ -74,7 +74,7 @@ def job_absent(hosts: Iterable[str], hostvars: Mapping[str, Any], registered: st
 def job_ports(
     hosts: Iterable[str], hostvars: Mapping[str, Any], registered: str, this: str
 ) -> list[str]:
-    """"HOST=ADDRESS:PORT" for every port the other hosts announced they listen on."""
+    """Every port the other hosts announced they listen on, as HOST=ADDRESS:PORT."""
     out = []
     for host in hosts:
         card = _announced(hostvars, host, registered) if host != this else None

@@ -1,8 +1,10 @@
-"""The NPU stage scripts of one host of each hardware group, kept as reviewed golden files.
+"""The NPU stage scripts of one host of each hardware group, and of both hosts of a two-host A3
+job, kept as reviewed golden files.
 
 tests/golden/render.yml renders them the way a run does: one real `ansible-playbook --check
 --diff` against tests/golden/inventory.yml (a2-node01 in atlas-a2, the runbook's one-card host
-on the host runtime; a3-node01 in atlas-a3; a950-node01 in ascend-950), with the repo's
+on the host runtime; a3-node01 in atlas-a3; a950-node01 in ascend-950; a3-pair01 and a3-pair02,
+an A3 job of 2 x 16 ranks: tests/golden/npu/atlas-a3-job-node<n>/), with the repo's
 specfleet role (the fleet-wide defaults), the roles' defaults and settings checks, and each
 stage role's own task file, whose
 stage/run.yml "Template the stage script" task would write the script; --diff gives its
@@ -44,9 +46,18 @@ REGENERATE = (
     "tests/integration/test_golden_scripts.py -q"
 )
 RUN_TIMEOUT_S = 600
-# host -> group (tests/golden/inventory.yml)
-HOSTS = {"a2-node01": "atlas-a2", "a3-node01": "atlas-a3", "a950-node01": "ascend-950"}
+# host -> its golden folder (tests/golden/inventory.yml): one host per group, and the two hosts
+# of an A3 job
+HOSTS = {
+    "a2-node01": "atlas-a2",
+    "a3-node01": "atlas-a3",
+    "a950-node01": "ascend-950",
+    "a3-pair01": "atlas-a3-job-node1",
+    "a3-pair02": "atlas-a3-job-node2",
+}
 STAGES = ("convert", "data", "hidden_states", "train", "serve")
+# The job's second host prepares no data: it checks and records what its first host made.
+FOLLOWER_STAGES = tuple(s for s in STAGES if s != "data")
 TEMPLATE_TASK = re.compile(r"^(?:stage : )?Template the stage script: (\w+)$")
 _VERSIONS = yaml.safe_load((REPO / "roles" / "specfleet" / "defaults" / "main.yml").read_text())
 # The image repository and release the groups' tag suffixes are added to.
@@ -107,7 +118,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, st
     base = tmp_path_factory.mktemp("golden")
     scripts = render(base / "run", base / "runner")
     for group, stages in scripts.items():
-        assert sorted(stages) == sorted(STAGES), f"{group}: rendered {sorted(stages)}"
+        wanted = FOLLOWER_STAGES if group == "atlas-a3-job-node2" else STAGES
+        assert sorted(stages) == sorted(wanted), f"{group}: rendered {sorted(stages)}"
     return scripts
 
 
@@ -210,3 +222,48 @@ def test_the_groups_scripts_differ(rendered: dict[str, dict[str, str]]) -> None:
         assert len(set(texts.values())) == len(texts), (
             f"{stage}.sh renders the same for {sorted(texts)}"
         )
+
+
+def test_the_a3_job_hosts_start_one_world_and_dump_their_halves(
+    rendered: dict[str, dict[str, str]],
+) -> None:
+    """tests/golden/inventory.yml's a3-pair: two A3 hosts, one job (specfleet_job)."""
+    first, second = rendered["atlas-a3-job-node1"], rendered["atlas-a3-job-node2"]
+    assert "data" not in second  # the job's first host prepares the data for both
+    shared = "/mnt/nfs/specfleet/a3-pair"
+    assert f"OUT={shared}/data/prepared" in first["data"]
+    for node, scripts, address, is_host in (
+        (0, first, "192.168.100.11", 1),
+        (1, second, "192.168.100.12", 0),
+    ):
+        train = scripts["train"]
+        (torchrun,) = lines(train, r"torch\.distributed\.run")
+        assert torchrun.startswith(
+            '"$PY" -m torch.distributed.run --nnodes=2 --nproc_per_node=16 --rdzv-backend=c10d'
+            " --rdzv-endpoint=192.168.100.11:29400 --rdzv-id="
+        ), torchrun
+        assert f"is_host={is_host} --local-addr={address} --max-restarts=0" in torchrun
+        assert torchrun.endswith('-m speculators.train "${ARGS[@]}"'), torchrun
+        for exported in (
+            f"HCCL_IF_IP={address}",
+            "HCCL_SOCKET_IFNAME=enp189s0f0",
+            "GLOO_SOCKET_IFNAME=enp189s0f0",
+            "HCCL_IF_BASE_PORT=60000",
+        ):
+            assert lines(train, rf"^export {exported}$"), exported
+        assert lines(train, r"^SAVE=") == [lines(first["train"], r"^SAVE=")[0]]
+        assert lines(train, r"^SAVE=")[0].startswith(f"SAVE={shared}/train/checkpoints/")
+        assert lines(train, r"^--hidden-states-path ") == [
+            f"--hidden-states-path {shared}/hidden_states/rows"
+        ]
+        hidden = scripts["hidden_states"]
+        assert lines(hidden, r"^--world-size ") == ["--world-size 2 \\"]
+        assert lines(hidden, r"^--rank ") == [f"--rank {node} \\"]
+        assert lines(hidden, r"^OUT=") == [f"OUT={shared}/hidden_states/shard-{node}-of-2"]
+    # only the first host clears the checkpoints of other inputs off the shared storage
+    assert lines(first["train"], r"^find .*checkpoints") and not lines(
+        second["train"], r"^find .*checkpoints"
+    )
+    # the same rendezvous id on both: the directory both name after the job's inputs
+    ids = {re.search(r"--rdzv-id=(\S+)", s["train"]).group(1) for s in (first, second)}
+    assert len(ids) == 1, ids

@@ -519,6 +519,8 @@ def host_summary(host: dict[str, Any]) -> dict[str, Any]:
         "dataset_rows": metric("data", "rows"),
         "hidden_state_files": metric("hidden_states", "files"),
         "val_loss": val_loss,
+        # speculators' global step at the published checkpoint: optimizer steps of each rank
+        "optimizer_steps": metric("train", "metrics", "training_state", "global_step"),
         "acceptance_rate": metric("serve", "acceptance_rate"),
         "acceptance_measured_on": metric("serve", "acceptance_measured_on"),
         "mean_acceptance_length": metric("serve", "mean_acceptance_length"),
@@ -702,7 +704,12 @@ def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict
                     "hidden_state_files": hs_metrics.get("files"),
                     "train": entries[name]["stages"].get("train", {}).get("status"),
                     "train_s": train.get("duration_s"),
-                    "draft_sha256": _sha256_of(_get(train, "metrics", "files"), "model.safetensors"),
+                    "optimizer_steps": _get(
+                        train, "metrics", "metrics", "training_state", "global_step"
+                    ),
+                    "draft_sha256": _sha256_of(
+                        _get(train, "metrics", "files"), "model.safetensors"
+                    ),
                 }
             )
         checksums = {p["draft_sha256"] for p in per_host}
@@ -714,8 +721,10 @@ def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict
                 continue
             said = "\n".join([train.get("error") or "", *(train.get("log_tail") or [])])
             for address, other in addresses.items():
-                if other != name and other not in lost and re.search(
-                    rf"(?<![0-9.]){re.escape(address)}(?![0-9])", said
+                if (
+                    other != name
+                    and other not in lost
+                    and re.search(rf"(?<![0-9.]){re.escape(address)}(?![0-9])", said)
                 ):
                     lost.append(other)
         jobs.append(
@@ -729,7 +738,8 @@ def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict
                 "green": all(entries[n]["green"] for n in names),
                 "val_loss": _finite(loss),
                 "draft_sha256": checksums.pop() if len(checksums) == 1 else None,
-                "same_draft": len(checksums) <= 1 and None not in {p["draft_sha256"] for p in per_host},
+                "same_draft": len(checksums) <= 1
+                and None not in {p["draft_sha256"] for p in per_host},
                 "lost": lost,
                 "per_host": per_host,
             }

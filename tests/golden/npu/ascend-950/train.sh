@@ -7,7 +7,7 @@
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
 PY=/var/lib/specfleet/venv/bin/python
-SAVE=/var/lib/specfleet/train/checkpoints/db03181be303
+SAVE=/var/lib/specfleet/train/checkpoints/60d17dc677ef
 export TORCHDYNAMO_DISABLE=1
 # speculators logs metrics through rich: wide lines keep `val/loss_epoch=...` on one line.
 export COLUMNS=200
@@ -19,8 +19,8 @@ unset ASCEND_RT_VISIBLE_DEVICES
 if "$PY" -m specfleet_helpers.host.service stop --name serve --run-dir /var/lib/specfleet/run --keep | grep -q '"stopped": true'; then
   echo "==> stopped the serving endpoint: it holds the NPUs this stage needs (the serve stage deploys it again)"
 fi
-# Checkpoints of other input sets are stale; this set's own are kept so a re-run resumes.
 mkdir -p /var/lib/specfleet/train/checkpoints
+# Checkpoints of other input sets are stale; this set's own are kept so a re-run resumes.
 find /var/lib/specfleet/train/checkpoints -mindepth 1 -maxdepth 1 ! -path "$SAVE" -exec rm -rf {} +
 
 ARGS=(
@@ -42,7 +42,7 @@ ARGS=(
   --train-data-ratio 0.9
 )
 
-echo "==> torchrun --nproc_per_node=1 -m speculators.train (1 epoch(s))"
+echo "==> torchrun --standalone --nproc_per_node=1 -m speculators.train (1 epoch(s))"
 # torchrun through the image's interpreter: a bare `torchrun` is looked up on a PATH that a
 # non-interactive exec into the image does not have.
 "$PY" -m torch.distributed.run --standalone --nproc_per_node=1 -m speculators.train "${ARGS[@]}"
