@@ -193,7 +193,7 @@ def announce(
 ) -> dict[str, Any]:
     found_address, found_ifname, problems = find_network(peers, address, ifname)
     path = card_path(job_dir, host)
-    end_listener(_read(path))
+    end_listener(procs.read_json(path))
     card = {
         "host": host,
         "token": token,
@@ -265,14 +265,14 @@ def check(
 ) -> dict[str, Any]:
     """The findings on every host's card and on the ports to reach (see the module doc)."""
     problems: list[str] = []
-    mine = _read(card_path(job_dir, host))
+    mine = procs.read_json(card_path(job_dir, host))
     if mine is None:
         problems.append(f"this host's own card {card_path(job_dir, host)} cannot be read back")
     seen = []
     for other, token in expect.items():
         if other == host:
             continue
-        card = _read(card_path(job_dir, other))
+        card = procs.read_json(card_path(job_dir, other))
         if card is None:
             problems.append(
                 f"{host} does not see the card {other} wrote to {job_dir}: "
@@ -305,14 +305,6 @@ def check(
                 f"{timeout_s:.0f}s (a firewall, or a route the job's collectives would not have)"
             )
     return {"host": host, "cards_seen": seen, "reached": reached, "problems": problems}
-
-
-def _read(path: Path) -> Optional[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _pairs(values: list[str], what: str) -> list[tuple[str, str]]:
