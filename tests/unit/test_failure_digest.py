@@ -137,6 +137,19 @@ def test_the_fleet_verdict_and_the_verifier_failures_are_shown() -> None:
     ]
 
 
+def test_molecules_framed_and_coloured_output_is_read_too(output: str) -> None:
+    """molecule 26 frames each command's output ("  │ " before every line) and colours it."""
+    framed = (
+        "".join(f"  \x1b[2m│\x1b[0m \x1b[33m{line}\x1b[0m\n" for line in output.splitlines()[1:-3])
+        + "fleet ➜ converge: Executed: Failed (Ansible return code was 2)\n"
+    )
+    shown = failure_digest.digest(framed, 40)
+    text = "\n".join(shown)
+    assert shown[0] == "fleet ➜ converge: Executed: Failed (Ansible return code was 2)", text
+    assert "TASK [Fail the host]" in shown and "the stage broke" in text, text
+    assert any(line.startswith("localhost") and "failed=1" in line for line in shown), text
+
+
 def test_an_output_without_failures_says_so(tmp_path: Path) -> None:
     log = tmp_path / "ok.log"
     log.write_text("PLAY RECAP ****\nlocalhost : ok=3 changed=0 unreachable=0 failed=0\n")
