@@ -9,8 +9,8 @@ the job has decided) is read from hostvars:
   became unreachable) fails the stage here, naming it: started without it, the others would
   wait out the rendezvous's join timeout;
 - decisions with different inputs fail it too, naming them: the hosts would not agree on the
-  checkpoint directory (each host's script differs in what is its own: its address, whether it
-  hosts the rendezvous);
+  checkpoint directory. `own_inputs` are each host's own and may differ (its script: its
+  address, whether it hosts the rendezvous; where it publishes, under its own work root);
 - a host that is up to date while another must run is planned to run with it, with that host's
   reason (`<stage>: running: the job's host <h> runs it: <reason>`), so the job runs once, on
   all of its hosts, and a stage redone because of one host is redone everywhere.
@@ -18,6 +18,7 @@ the job has decided) is read from hostvars:
     - name: Agree with the other hosts of the job
       specfleet_job_plan:
         stage: train
+        own_inputs: [script_sha256, output]
       when: specfleet_job_nodes | int > 1
 
 It updates stage_decision (redo, reason), specfleet_stage_runs and specfleet_run_results as
@@ -27,7 +28,7 @@ the decision sets them, and prints the plan line through the progress callback
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ansible.errors import AnsibleActionFail
@@ -45,13 +46,11 @@ def _why_out(host_vars: Mapping[str, Any]) -> str:
     return f"its {failed} stage failed" if failed else "it did not get this far"
 
 
-# What each host's decision hashes that is its own: its script (its address, its node's role).
-OWN_INPUTS = frozenset({"script_sha256"})
-
-
-def differing_inputs(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]:
-    """The inputs two hosts of a job disagree on (their own ones aside)."""
-    names = (set(mine) | set(theirs)) - OWN_INPUTS
+def differing_inputs(
+    mine: Mapping[str, Any], theirs: Mapping[str, Any], own: Iterable[str] = ()
+) -> list[str]:
+    """The inputs two hosts of a job disagree on, their `own` ones aside."""
+    names = (set(mine) | set(theirs)) - set(own)
     return sorted(k for k in names if mine.get(k, ...) != theirs.get(k, ...))
 
 
@@ -61,6 +60,7 @@ def agree(
     hosts: list[str],
     decisions: Mapping[str, Any],
     out_why: Mapping[str, str],
+    own: Iterable[str] = (),
 ) -> dict[str, Any]:
     """{"error"} or {"redo", "reason"}: this host's plan given every host's decision."""
     missing = [h for h in hosts if (decisions.get(h) or {}).get("stage") != stage]
@@ -75,7 +75,7 @@ def agree(
     for other in decided:
         if other != host and host in decided:
             theirs = decisions[other].get("inputs") or {}
-            differ = differing_inputs(mine.get("inputs") or {}, theirs)
+            differ = differing_inputs(mine.get("inputs") or {}, theirs, own)
             if differ:
                 return {
                     "error": f"{host} and {other} planned {stage} with different inputs "
@@ -103,14 +103,19 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         args = dict(self._task.args)
         stage = args.get("stage")
-        if set(args) != {"stage"} or not isinstance(stage, str):
-            raise AnsibleActionFail(f"{WHO}: expected one option, stage: the stage's name")
+        own = args.get("own_inputs", [])
+        if not set(args) <= {"stage", "own_inputs"} or not isinstance(stage, str):
+            raise AnsibleActionFail(
+                f"{WHO}: expected stage (the stage's name) and own_inputs (a list of input names)"
+            )
+        if not isinstance(own, list) or not all(isinstance(name, str) for name in own):
+            raise AnsibleActionFail(f"{WHO}: own_inputs must be a list of input names")
         host = str(task_vars["inventory_hostname"])
         hosts = [str(h) for h in self._templar.template(task_vars["specfleet_job_hosts"])]
         hostvars = task_vars["hostvars"]
         decisions = {h: hostvars[h].get("stage_decision") or {} for h in hosts}
         out_why = {h: _why_out(hostvars[h]) for h in hosts}
-        plan = agree(stage, host, hosts, decisions, out_why)
+        plan = agree(stage, host, hosts, decisions, out_why, own)
         if "error" in plan:
             result.update(failed=True, changed=False, msg=plan["error"])
             return result

@@ -134,16 +134,24 @@ def test_a_host_without_a_decision_stops_the_job_everywhere() -> None:
     }
 
 
-def test_hosts_that_disagree_on_the_inputs_are_named_their_scripts_aside() -> None:
+def test_hosts_that_disagree_on_the_inputs_are_named_their_own_ones_aside() -> None:
     decisions = {
-        "a": {**decision(lr=0.1), "inputs": {"epochs": 1, "lr": 0.1, "script_sha256": "x"}},
-        "b": {**decision(), "inputs": {"epochs": 2, "lr": 0.1, "script_sha256": "y"}},
+        "a": {
+            **decision(),
+            "inputs": {"epochs": 1, "output": "/srv/a/draft", "script_sha256": "x"},
+        },
+        "b": {
+            **decision(),
+            "inputs": {"epochs": 2, "output": "/srv/b/draft", "script_sha256": "y"},
+        },
     }
-    assert (
-        "different inputs (epochs)" in plan.agree("train", "a", ["a", "b"], decisions, {})["error"]
-    )
+    own = ["script_sha256", "output"]
+    assert "inputs (epochs)" in plan.agree("train", "a", ["a", "b"], decisions, {}, own)["error"]
     decisions["b"]["inputs"]["epochs"] = 1
-    assert "error" not in plan.agree("train", "a", ["a", "b"], decisions, {})
+    assert "error" not in plan.agree("train", "a", ["a", "b"], decisions, {}, own)
+    # without naming its own inputs, each host's script and draft directory would be differences
+    error = plan.agree("train", "a", ["a", "b"], decisions, {})["error"]
+    assert "different inputs (output, script_sha256)" in error, error
 
 
 # ----------------------------------------------------------------------------- hs_check shares
