@@ -199,7 +199,7 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
     # the smoke set's 10 rows split 9 / 1, one validation row for one rank.
     torchrun = '"$PY" -m torch.distributed.run --standalone --nproc_per_node=1'
     assert lines(train, r"torch\.distributed\.run") == [
-        f'{torchrun} -m speculators.train "${{ARGS[@]}}"'
+        f'{torchrun} -m speculators.train "${{ARGS[@]}}" || status=$?'
     ]
     assert lines(train, r"^--train-data-ratio ") == ["--train-data-ratio 0.9"]
     assert not lines(train, r"^\s*torchrun\b"), "a bare torchrun from PATH"
@@ -243,7 +243,7 @@ def test_the_a3_job_hosts_start_one_world_and_dump_their_halves(
             " --rdzv-endpoint=192.168.100.11:29400 --rdzv-id="
         ), torchrun
         assert f"is_host={is_host} --local-addr={address} --max-restarts=0" in torchrun
-        assert torchrun.endswith('-m speculators.train "${ARGS[@]}"'), torchrun
+        assert torchrun.endswith('-m speculators.train "${ARGS[@]}" || status=$?'), torchrun
         for exported in (
             f"HCCL_IF_IP={address}",
             "HCCL_SOCKET_IFNAME=enp189s0f0",

@@ -947,7 +947,7 @@ def job_host(rank: int, first: int, files: int, sha: str, **extra: Any) -> dict[
     data = host("ascend-950", **extra)
     data["settings"]["job"] = {
         "name": "ascend-950",
-        "nodes": 2,
+        "hosts": ["a950-node1", "a950-node2"],
         "node_rank": rank,
         "address": f"10.213.9.{11 + rank}",
     }
@@ -1009,8 +1009,9 @@ def test_a_job_names_the_host_it_lost_and_a_draft_that_differs(tmp_path):
     assert job["same_draft"] is False and job["draft_sha256"] is None
     md = (result.out / "fleet.md").read_text()
     assert "**not the same draft on every host**; **lost: a950-node2**" in md
-    # an unreachable host of the job is lost too
-    down = job_host(1, 0, 0, "", reachable=False, state=None, run={}, wall_time_s=None)
+    # an unreachable host of the job is lost too: it has no report of its own (its settings are
+    # not collected), the others name it
+    down = host("ascend-950", reachable=False, state=None, run={}, wall_time_s=None, settings={})
     (tmp_path / "down").mkdir()
     result = run(
         tmp_path / "down", document({"a950-node1": job_host(0, 0, 913, "ab"), "a950-node2": down})

@@ -674,20 +674,20 @@ def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict
     node order with their share of the rows and of the hidden-state files, their time in train
     and the checksum of the draft each published; the job's ranks, rows and loss; whether every
     host has the same draft; and the hosts lost to it (unreachable, or named by address in
-    another host's train failure: the peer its collectives lost)."""
+    another host's train failure: the peer its collectives lost). A host that could not report
+    (unreachable) is known from the others' list of the job's hosts."""
     entries = {h["name"]: h for h in hosts}
-    by_job: dict[str, list[tuple[int, str]]] = {}
-    for name, raw in doc["hosts"].items():
+    by_job: dict[str, list[str]] = {}
+    for raw in doc["hosts"].values():
         job = (raw.get("settings") or {}).get("job") or {}
-        if job.get("name") and int(job.get("nodes") or 1) > 1:
-            by_job.setdefault(job["name"], []).append((int(job.get("node_rank") or 0), name))
+        if job.get("name") and len(job.get("hosts") or []) > 1:
+            by_job.setdefault(job["name"], list(job["hosts"]))
     jobs = []
-    for job_name, members in sorted(by_job.items()):
-        names = [name for _, name in sorted(members)]
+    for job_name, names in sorted(by_job.items()):
         per_host, nproc, rows, loss = [], None, None, None
-        for name in names:
-            raw = doc["hosts"][name]
-            job = raw["settings"]["job"]
+        for rank, name in enumerate(names):
+            raw = doc["hosts"].get(name) or {}
+            job = (raw.get("settings") or {}).get("job") or {}
             stamps = (raw.get("state") or {}).get("stamps") or {}
             hs_metrics = _get(stamps.get("hidden_states"), "metrics") or {}
             train = stamps.get("train") or {}
@@ -698,11 +698,14 @@ def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict
             per_host.append(
                 {
                     "host": name,
-                    "node_rank": job.get("node_rank"),
+                    "node_rank": rank,
                     "address": job.get("address"),
                     "rows_first": hs_metrics.get("first"),
                     "hidden_state_files": hs_metrics.get("files"),
-                    "train": entries[name]["stages"].get("train", {}).get("status"),
+                    "train": (entries.get(name) or {})
+                    .get("stages", {})
+                    .get("train", {})
+                    .get("status"),
                     "train_s": train.get("duration_s"),
                     "optimizer_steps": _get(
                         train, "metrics", "metrics", "training_state", "global_step"
@@ -714,9 +717,9 @@ def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict
             )
         checksums = {p["draft_sha256"] for p in per_host}
         addresses = {p["address"]: p["host"] for p in per_host if p["address"]}
-        lost = [name for name in names if not entries[name]["reachable"]]
+        lost = [name for name in names if not (entries.get(name) or {}).get("reachable")]
         for name in names:
-            train = entries[name]["stages"].get("train") or {}
+            train = (entries.get(name) or {}).get("stages", {}).get("train") or {}
             if train.get("status") != FAILED:
                 continue
             said = "\n".join([train.get("error") or "", *(train.get("log_tail") or [])])
@@ -735,7 +738,7 @@ def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict
                 "nproc_per_node": nproc,
                 "ranks": nproc * len(names) if isinstance(nproc, int) else None,
                 "rows": rows,
-                "green": all(entries[n]["green"] for n in names),
+                "green": all((entries.get(n) or {}).get("green") for n in names),
                 "val_loss": _finite(loss),
                 "draft_sha256": checksums.pop() if len(checksums) == 1 else None,
                 "same_draft": len(checksums) <= 1

@@ -59,7 +59,16 @@ ARGS=(
 echo "==> torchrun --nnodes=2 --nproc_per_node=16 -m speculators.train (1 epoch(s))"
 # torchrun through the image's interpreter: a bare `torchrun` is looked up on a PATH that a
 # non-interactive exec into the image does not have.
-"$PY" -m torch.distributed.run --nnodes=2 --nproc_per_node=16 --rdzv-backend=c10d --rdzv-endpoint=192.168.100.11:29400 --rdzv-id=ec18d1cd1958 --rdzv-conf=join_timeout=600,is_host=1 --local-addr=192.168.100.11 --max-restarts=0 -m speculators.train "${ARGS[@]}"
+status=0
+"$PY" -m torch.distributed.run --nnodes=2 --nproc_per_node=16 --rdzv-backend=c10d --rdzv-endpoint=192.168.100.11:29400 --rdzv-id=ec18d1cd1958 --rdzv-conf=join_timeout=600,is_host=1 --local-addr=192.168.100.11 --max-restarts=0 -m speculators.train "${ARGS[@]}" || status=$?
+if [ "$status" -ne 0 ]; then
+  # torchrun ends with its own summary of the ranks that failed; what they said is above it.
+  # Their error lines, once each, last: where the stage's log tail shows them.
+  echo "==> torchrun failed (exit $status); the ranks' errors:"
+  grep -a -E '(^|: )(error|[A-Za-z_.]*(Error|Exception)): |^train_entry' /var/lib/specfleet/logs/train.log \
+    | grep -v -e ChildFailedError -e 'torch/distributed/elastic' | awk '!seen[$0]++' | tail -n 10 || true
+  exit "$status"
+fi
 
 echo "==> publish the best checkpoint as a clean draft"
 "$PY" -m specfleet_helpers.stages.checkpoint publish --save-path "$SAVE" --out /var/lib/specfleet/train/draft \

@@ -45,7 +45,16 @@ ARGS=(
 echo "==> torchrun --standalone --nproc_per_node=1 -m speculators.train (1 epoch(s))"
 # torchrun through the image's interpreter: a bare `torchrun` is looked up on a PATH that a
 # non-interactive exec into the image does not have.
-"$PY" -m torch.distributed.run --standalone --nproc_per_node=1 -m speculators.train "${ARGS[@]}"
+status=0
+"$PY" -m torch.distributed.run --standalone --nproc_per_node=1 -m speculators.train "${ARGS[@]}" || status=$?
+if [ "$status" -ne 0 ]; then
+  # torchrun ends with its own summary of the ranks that failed; what they said is above it.
+  # Their error lines, once each, last: where the stage's log tail shows them.
+  echo "==> torchrun failed (exit $status); the ranks' errors:"
+  grep -a -E '(^|: )(error|[A-Za-z_.]*(Error|Exception)): |^train_entry' /var/lib/specfleet/logs/train.log \
+    | grep -v -e ChildFailedError -e 'torch/distributed/elastic' | awk '!seen[$0]++' | tail -n 10 || true
+  exit "$status"
+fi
 
 echo "==> publish the best checkpoint as a clean draft"
 "$PY" -m specfleet_helpers.stages.checkpoint publish --save-path "$SAVE" --out /var/lib/specfleet/train/draft \
