@@ -16,7 +16,7 @@ run: setup  ## the whole job on this machine, CPU profile
 check: setup  ## what a run would change, without changing it
 	$(BIN)/ansible-playbook site.yml -i inventory/local.yml --check
 
-bench: setup  ## wall time: forced full runs vs the bare shell pipeline (3 pairs), no-op re-runs, the 3-host no-op when its hosts are up; writes docs/benchmarks.md
+bench: setup  ## wall time: forced full runs vs the bare shell pipeline (3 pairs), no-op re-runs, the fleet's no-op and its job when its hosts are up; writes docs/benchmarks.md
 	$(BIN)/python scripts/bench
 
 collection: setup  ## the collection specfleet.ascend from this checkout: dist/specfleet-ascend-<version>.tar.gz
@@ -62,7 +62,7 @@ define molecule_test
 	rm -f "$$log"
 endef
 
-molecule: setup test-hosts-deps  ## three real hosts (atlas-a2, atlas-a3, ascend-950): converge, idempotence, a host broken on purpose, verify
+molecule: setup test-hosts-deps  ## four real hosts (atlas-a2, atlas-a3, ascend-950's two-host job): converge, idempotence, hosts broken and lost on purpose, verify
 	$(call molecule_test,fleet)
 
 molecule-container: setup test-images  ## the whole CPU pipeline inside a podman container on localhost: converge, idempotence (container kept), a mount added (container recreated, no stage redone), verify

@@ -500,7 +500,7 @@ def test_2_git_source_again_changes_nothing(work: Work, speculators_git_repo: Pa
 # -- 3. wheelhouse ----------------------------------------------------------------------------
 
 
-# The fleet scenario (molecule/fleet) installs from the wheelhouse on three hosts in every CI
+# The fleet scenario (molecule/fleet) installs from the wheelhouse on four hosts in every CI
 # run; this one-host variant (with the switch away from the git source) is in
 # make test-reliability's budget instead.
 @pytest.mark.slow
