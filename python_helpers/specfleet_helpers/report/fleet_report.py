@@ -685,6 +685,9 @@ def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict
     jobs = []
     for job_name, names in sorted(by_job.items()):
         per_host, nproc, rows, loss = [], None, None, None
+        # what each host's own entry says ({} for a host that could not report)
+        reported = {name: entries.get(name) or {} for name in names}
+        train_results = {n: (reported[n].get("stages") or {}).get("train") or {} for n in names}
         for rank, name in enumerate(names):
             raw = doc["hosts"].get(name) or {}
             job = (raw.get("settings") or {}).get("job") or {}
@@ -702,10 +705,7 @@ def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict
                     "address": job.get("address"),
                     "rows_first": hs_metrics.get("first"),
                     "hidden_state_files": hs_metrics.get("files"),
-                    "train": (entries.get(name) or {})
-                    .get("stages", {})
-                    .get("train", {})
-                    .get("status"),
+                    "train": train_results[name].get("status"),
                     "train_s": train.get("duration_s"),
                     "optimizer_steps": _get(
                         train, "metrics", "metrics", "training_state", "global_step"
@@ -717,9 +717,9 @@ def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict
             )
         checksums = {p["draft_sha256"] for p in per_host}
         addresses = {p["address"]: p["host"] for p in per_host if p["address"]}
-        lost = [name for name in names if not (entries.get(name) or {}).get("reachable")]
+        lost = [name for name in names if not reported[name].get("reachable")]
         for name in names:
-            train = (entries.get(name) or {}).get("stages", {}).get("train") or {}
+            train = train_results[name]
             if train.get("status") != FAILED:
                 continue
             said = "\n".join([train.get("error") or "", *(train.get("log_tail") or [])])
@@ -738,7 +738,7 @@ def job_summaries(doc: dict[str, Any], hosts: list[dict[str, Any]]) -> list[dict
                 "nproc_per_node": nproc,
                 "ranks": nproc * len(names) if isinstance(nproc, int) else None,
                 "rows": rows,
-                "green": all((entries.get(n) or {}).get("green") for n in names),
+                "green": all(reported[n].get("green") for n in names),
                 "val_loss": _finite(loss),
                 "draft_sha256": checksums.pop() if len(checksums) == 1 else None,
                 "same_draft": len(checksums) <= 1
