@@ -10,11 +10,14 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 setup:  ## controller venv (ansible-core, molecule, testinfra, linters); this checkout linked as the collection specfleet.ascend
 	@scripts/setup-controller
 
-run: setup  ## the whole job on this machine, CPU profile
-	$(BIN)/ansible-playbook site.yml -i inventory/local.yml
+# ARGS goes to ansible-playbook as given: make run ARGS='-e train_epochs=2 -e specfleet_serve_port=8100'
+ARGS ?=
 
-check: setup  ## what a run would change, without changing it
-	$(BIN)/ansible-playbook site.yml -i inventory/local.yml --check
+run: setup  ## the whole job on this machine, CPU profile (ARGS='...' passes ansible-playbook options)
+	$(BIN)/ansible-playbook site.yml -i inventory/local.yml $(ARGS)
+
+check: setup  ## what a run would change, without changing it (ARGS as for run)
+	$(BIN)/ansible-playbook site.yml -i inventory/local.yml --check $(ARGS)
 
 bench: setup  ## wall time: forced full runs vs the bare shell pipeline (3 pairs), no-op re-runs, the fleet's no-op and its job when its hosts are up; writes docs/benchmarks.md
 	$(BIN)/python scripts/bench

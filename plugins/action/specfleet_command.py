@@ -7,7 +7,7 @@ argv as `raw` does (the connection's exec, become applied) and, unlike raw, with
 environment, a working directory, stdin and the JSON parsed:
 
     - name: Take the host lock
-      specfleet_command:
+      specfleet.ascend.specfleet_command:
         argv: ["{{ specfleet_host_python }}", -m, specfleet_helpers.host.session, open, ...]
         env: "{{ specfleet_helper_env }}"   # this command only (no task environment:)
         json: true                          # stdout parsed into `json`; unparsable output fails

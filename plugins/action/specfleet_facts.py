@@ -6,7 +6,7 @@ contract sets them from that one declaration, whether the stage ran (roles/stage
 with this action) or was up to date (specfleet_stage_decide, in the same task as the decision).
 
     - name: "Expose: {{ stage_name }}"
-      specfleet_facts:
+      specfleet.ascend.specfleet_facts:
         facts: "{{ stage_declared.exposes | default({}) }}"
 
 Returns `facts`: the names set. Runs in --check mode too (it changes nothing on the host).

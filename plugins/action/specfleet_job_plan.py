@@ -16,7 +16,7 @@ the job has decided) is read from hostvars:
   all of its hosts, and a stage redone because of one host is redone everywhere.
 
     - name: Agree with the other hosts of the job
-      specfleet_job_plan:
+      specfleet.ascend.specfleet_job_plan:
         stage: train
         own_inputs: [script_sha256, output]
       when: specfleet_job_nodes | int > 1

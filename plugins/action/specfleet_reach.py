@@ -13,7 +13,7 @@ most of a no-op run's first play. This asks the same through the connection's ow
      version, version_info, has_sslcontext), returned as `ansible_facts.python`.
 
     - name: Reach the host and find its Python
-      specfleet_reach:
+      specfleet.ascend.specfleet_reach:
       ignore_unreachable: true
 
 A host that cannot be reached is Ansible's unreachable result, as with setup. Runs in

@@ -21,7 +21,7 @@ Why one task: a settings check of about 140 assert tasks cost 8 s of every run, 
 included (each task, run or skipped, costs a worker process and its templating).
 
     - name: "Check the serve settings: types, choices, ranges and cross-field rules"
-      specfleet_rules:
+      specfleet.ascend.specfleet_rules:
         argument_spec: main
         rules:
           - name: specfleet_serve_port in 1..65535

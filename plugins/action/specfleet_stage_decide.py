@@ -27,7 +27,7 @@ A stage that stays up to date drops the failure record an earlier run left. The 
 callback prints as `[host] <line>` (the result itself is long: it holds the script).
 
     - name: "Plan: {{ stage_name }}"
-      specfleet_stage_decide:
+      specfleet.ascend.specfleet_stage_decide:
         stage: train
         inputs: "{{ stage_declared.inputs }}"
         script_template: "{{ stage_script_template }}"   # or script: the text, rendered

@@ -2,11 +2,16 @@
 summary at the end. Ansible's default callback underneath, made quiet.
 
 At the default verbosity it leaves out what a run does every time: results that are ok or
-skipped, `included:` lines and the `FAILED - RETRYING` line of every poll (the progress
-callback prints one line per change of a running stage's step instead). A changed or failed
-task is shown as Ansible shows it. After the recap come the summary lines of the validate
-role's `specfleet_summary` (verdict, hosts per group, what this run redid, where the report
-is) and, on request, the slowest tasks. With -v it shows everything the default callback does.
+skipped, `included:` lines, the `FAILED - RETRYING` line of every poll (the progress
+callback prints one line per change of a running stage's step instead) and a play that
+matched no host. A changed task is shown as Ansible shows it; a failed one as its message
+alone, once: no excerpt of the file the task is in, no dump of the result around the message
+(-v shows both). A failure that a later task says again in full (a refused setting, said by
+the validate role's verdict with the report's path) is not shown where it happened: a block
+marks it with the variable `specfleet_failure_said_later`. After the recap come the summary
+lines of the validate role's `specfleet_summary` (verdict, hosts per group, what this run
+redid, where the report is) and, on request, the slowest tasks. With -v it shows everything
+the default callback does.
 
     [defaults]
     stdout_callback = specfleet.ascend.console
@@ -17,6 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ansible import constants as C
 from ansible.playbook.task_include import TaskInclude
 from ansible.plugins.callback.default import CallbackModule as DefaultCallback
 
@@ -66,6 +72,21 @@ options:
 # The validate role hands over its summary as a debug `var` of this name: fleet_report's line
 # (green, report_dir, hosts, ...), whose `summary` holds the lines to print.
 SUMMARY_KEY = "specfleet_summary"
+# A block's variable: its failures are said again, in full, by a later task (see above).
+SAID_LATER_VAR = "specfleet_failure_said_later"
+# The end of a failed command's output shown under its message.
+OUTPUT_TAIL_LINES = 10
+
+
+def failure_message(result: dict[str, Any]) -> str:
+    """What a failed result says: its msg, then the end of its stderr (or stdout) when the msg
+    does not already hold it (a command's "non-zero return code" says nothing of the why)."""
+    said = str(result.get("msg") or "").strip()
+    output = str(result.get("stderr") or result.get("stdout") or "").strip()
+    if output and output.splitlines()[-1] not in said:
+        tail = "\n".join(output.splitlines()[-OUTPUT_TAIL_LINES:])
+        said = f"{said}\n{tail}" if said else tail
+    return said or "failed"
 
 
 def slowest(timings: list[tuple[str, float]], count: int) -> list[str]:
@@ -84,6 +105,8 @@ class CallbackModule(DefaultCallback):
         self._summary: list[str] = []
         self._timings: list[tuple[str, float]] = []
         self._current: tuple[str, float] | None = None
+        # A play's banner waits for its first task: a play that matches no host says nothing.
+        self._pending_play: Any = None
 
     def set_options(self, *args: Any, **kwargs: Any) -> None:
         super().set_options(*args, **kwargs)
@@ -101,13 +124,49 @@ class CallbackModule(DefaultCallback):
             self._timings.append((self._current[0], now - self._current[1]))
         self._current = (task.get_name().strip(), now) if task is not None else None
 
+    def v2_playbook_on_play_start(self, play: Any) -> None:
+        if self._verbose:
+            super().v2_playbook_on_play_start(play)
+        else:
+            self._pending_play = play
+
+    def _play_banner(self) -> None:
+        if self._pending_play is not None:
+            play, self._pending_play = self._pending_play, None
+            super().v2_playbook_on_play_start(play)
+
+    def v2_playbook_on_no_hosts_matched(self) -> None:
+        if self._verbose:
+            super().v2_playbook_on_no_hosts_matched()
+        self._pending_play = None
+
     def v2_playbook_on_task_start(self, task: Any, is_conditional: bool) -> None:
         self._timed(task)
+        self._play_banner()
         super().v2_playbook_on_task_start(task, is_conditional)
 
     def v2_playbook_on_handler_task_start(self, task: Any) -> None:
         self._timed(task)
+        self._play_banner()
         super().v2_playbook_on_handler_task_start(task)
+
+    def v2_runner_on_failed(self, result: Any, ignore_errors: bool = False) -> None:
+        if self._verbose or (result.task.loop and "results" in result.result):
+            super().v2_runner_on_failed(result, ignore_errors)
+            return
+        if not ignore_errors and _said_later(result.task):
+            return
+        if self._last_task_banner != result.task._uuid:
+            self._print_task_banner(result.task)
+        self._handle_warnings(result.result)
+        message = failure_message(result.result)
+        self._display.display(
+            f"fatal: [{self.host_label(result)}]: FAILED! {message}",
+            color=C.COLOR_ERROR if not ignore_errors else C.COLOR_SKIP,
+            stderr=self.get_option("display_failed_stderr"),
+        )
+        if ignore_errors:
+            self._display.display("...ignoring", color=C.COLOR_SKIP)
 
     def v2_playbook_on_include(self, included_file: Any) -> None:
         if self._verbose:
@@ -132,6 +191,10 @@ class CallbackModule(DefaultCallback):
                 return
         super().v2_runner_on_ok(result)
 
+    def v2_runner_item_on_failed(self, result: Any) -> None:
+        if self._verbose or not _said_later(result.task):
+            super().v2_runner_item_on_failed(result)
+
     def v2_playbook_on_stats(self, stats: Any) -> None:
         self._timed(None)
         super().v2_playbook_on_stats(stats)
@@ -144,3 +207,10 @@ class CallbackModule(DefaultCallback):
             self._display.banner(f"SLOWEST TASKS ({min(count, len(self._timings))})")
             for line in slowest(self._timings, count):
                 self._display.display(line)
+
+
+def _said_later(task: Any) -> bool:
+    try:
+        return bool(task.get_vars().get(SAID_LATER_VAR))
+    except Exception:  # a task without a variable scope, or one that does not template
+        return False

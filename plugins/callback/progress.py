@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any
 
 from ansible.plugins.callback import CallbackBase
@@ -43,6 +44,32 @@ def _elapsed(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
+# A progress line fits a terminal and a CI log's width (the last log line is cut to fit).
+MAX_LINE = 119
+# A JSON or Python dict at the end of a log line (speculators' metrics): its numbers are kept.
+_DICT_TAIL = re.compile(r"\{[^{}]*\}\s*$")
+_NUMBER_ITEM = re.compile(r"""['"]?([A-Za-z_][\w/.-]*)['"]?\s*[:=]\s*(-?[\d.]+(?:e-?\d+)?)""")
+
+
+def readable_tail(line: str) -> str:
+    """A log line for one glance: whitespace collapsed, a trailing dict as its key=number pairs."""
+    line = " ".join(line.split())
+    found = _DICT_TAIL.search(line)
+    if found:
+        pairs = _NUMBER_ITEM.findall(found.group(0))
+        numbers = " ".join(f"{key.rsplit('/', 1)[-1]}={_short(value)}" for key, value in pairs)
+        line = (line[: found.start()].rstrip() + " " + numbers).strip()
+    return line
+
+
+def _short(number: str) -> str:
+    try:
+        value = float(number)
+    except ValueError:
+        return number
+    return number if value.is_integer() and "." not in number else f"{value:.4g}"
+
+
 def progress_line(host: str, stdout: str) -> str | None:
     """The line to print for one poll result, or None when it is not a stage status."""
     try:
@@ -54,10 +81,11 @@ def progress_line(host: str, stdout: str) -> str | None:
     parts = [f"[{host}] {state['name']}: running {_elapsed(state.get('elapsed_s', 0))}"]
     if state.get("step"):
         parts.append(f"step: {state['step']}")
-    last = state.get("last_line") or ""
+    line = " | ".join(parts)
+    last = readable_tail(state.get("last_line") or "")
     if last and last.lstrip("=> ").strip() != state.get("step"):
-        parts.append(f"last: {last[:120]}")
-    return " | ".join(parts)
+        line += f" | last: {last}"
+    return line if len(line) <= MAX_LINE else line[: MAX_LINE - 1] + "…"
 
 
 # A running stage gets a new line when its step changes, else at most this often.

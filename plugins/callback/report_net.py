@@ -12,13 +12,24 @@ It does nothing when the playbook has no validate play, when the validate play s
 writes its own report), or when no host was lost: a run whose every host failed outside a
 stage without losing one, such as a run refused by another run's host lock, leaves the
 reports to the runs that hold the truth.
+
+An interrupted run (Ctrl-C, AWX's cancel: SIGINT to ansible-playbook) is ended the same way,
+and more: the stages run detached from Ansible, so they would go on, with the host locks held.
+At the first SIGINT this notes where the run was; once Ansible has stopped its workers and is
+exiting, it runs playbooks/interrupted.yml on the hosts the run reached, with the run's
+inventory, extra vars and connection options and what the run recorded per host: every stage
+still running is stopped, recorded as interrupted, the report written and the lock released.
+A second Ctrl-C leaves that undone (the next run stops the leftovers and takes the lock over,
+and says so). In --check mode nothing runs on the hosts, and nothing is left to stop.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -71,6 +82,11 @@ def host_input(
         "state": None,
         "run": run,
         "unreachable_error": lost,
+        "refused": (
+            {"stage": str(stopped.get("stage")), "error": str(stopped.get("error"))}
+            if stopped.get("why") == "refused"
+            else None
+        ),
     }
 
 
@@ -96,6 +112,48 @@ def report_input(
     }
 
 
+# The run's command-line options that the interrupted run's ending repeats: how to reach the
+# hosts and what they were given (context.CLIARGS key -> ansible-playbook option).
+REPEATED_OPTIONS = {
+    "inventory": "--inventory",
+    "extra_vars": "--extra-vars",
+    "vault_ids": "--vault-id",
+    "vault_password_files": "--vault-password-file",
+    "private_key_file": "--private-key",
+    "remote_user": "--user",
+    "connection": "--connection",
+    "timeout": "--timeout",
+    "ssh_common_args": "--ssh-common-args",
+    "ssh_extra_args": "--ssh-extra-args",
+    "scp_extra_args": "--scp-extra-args",
+    "sftp_extra_args": "--sftp-extra-args",
+    "become_method": "--become-method",
+    "become_user": "--become-user",
+    "forks": "--forks",
+}
+INTERRUPTED_PLAYBOOK = REPO / "playbooks" / "interrupted.yml"
+# Set for the run that ends an interrupted one: a Ctrl-C there ends it as Ansible does, and
+# leaves the rest to the next run.
+ENDING_ENV = "SPECFLEET_ENDING_INTERRUPTED_RUN"
+
+
+def interrupted_argv(cliargs: Any, hosts: list[str], record: dict[str, Any]) -> list[str]:
+    """The ansible-playbook command that ends an interrupted run (playbooks/interrupted.yml) on
+    `hosts`, with the run's own inventory, extra vars and connection options."""
+    argv = [sys.executable, "-m", "ansible", "playbook", str(INTERRUPTED_PLAYBOOK)]
+    for key, option in REPEATED_OPTIONS.items():
+        value = cliargs.get(key)
+        if value in (None, "", (), []) or (key == "timeout" and value == 0):
+            continue
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            argv += [option, str(item)]
+    if cliargs.get("become"):
+        argv.append("--become")
+    record_var = json.dumps({"specfleet_interrupted": record})
+    argv += ["--limit", ",".join(hosts), "--extra-vars", record_var]
+    return argv
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "notification"
@@ -111,6 +169,10 @@ class CallbackModule(CallbackBase):
         self._hosts: dict[str, Any] = {}  # name -> Host, in the order they were first seen
         self._lost: dict[str, str] = {}  # name -> connection error
         self._where = ""  # the play and task where the last host was lost
+        self._task: Any = None
+        self._interrupted = ""  # where the run was when it was interrupted
+        self._main_pid = os.getpid()
+        self._sigint: Any = None  # the handler this one defers to (Ansible's)
 
     # --- what the run does ----------------------------------------------------------------
 
@@ -119,6 +181,84 @@ class CallbackModule(CallbackBase):
         for play in playbook.get_plays():
             if VALIDATE_ROLE in (role.get_name() for role in play.get_roles()):
                 self._validate_play = play
+        # Installed over Ansible's own (TaskQueueManager's), which it then calls: Ansible stops
+        # its workers and ends the run as it always does, and this ends the hosts' work after.
+        if (
+            self._validate_play is not None
+            and self._sigint is None
+            and not os.environ.get(ENDING_ENV)
+        ):
+            self._sigint = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def v2_playbook_on_task_start(self, task: Any, is_conditional: bool) -> None:
+        self._task = task
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if os.getpid() == self._main_pid and not self._interrupted:
+            play = self._play.get_name() if self._play is not None else "the start"
+            task = self._task.get_name() if self._task is not None else "none"
+            self._interrupted = f"play {play!r}, task {task!r}"
+            atexit.register(self._end_interrupted_run)
+        previous = self._sigint
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    def _end_interrupted_run(self) -> None:
+        """After Ansible has ended the interrupted run: stop the hosts' stages, release their
+        locks, write the report (playbooks/interrupted.yml)."""
+        if context.CLIARGS.get("check"):
+            self._display.display(
+                f"specfleet: interrupted at {self._interrupted} "
+                "(check mode: nothing ran on the hosts)",
+                color="red",
+            )
+            return
+        hosts, record = self._interrupted_record()
+        if not hosts:
+            return
+        self._display.display(
+            f"specfleet: interrupted at {self._interrupted}. Stopping the stages still running on "
+            f"{len(hosts)} host(s), releasing the host locks and writing the report "
+            "(Ctrl-C again leaves that to the next run)...",
+            color="red",
+        )
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        try:
+            # Ansible made its stdio non-inheritable (TaskQueueManager): given as descriptors,
+            # the child gets the run's own stdout and stderr again.
+            subprocess.run(
+                interrupted_argv(context.CLIARGS, hosts, record),
+                # The same working directory and environment: the same ansible.cfg.
+                env={**os.environ, ENDING_ENV: "1"},
+                stdin=subprocess.DEVNULL,
+                stdout=1,
+                stderr=2,
+                check=False,
+            )
+        except Exception as exc:  # the run is over either way; say what was left
+            self._display.warning(
+                f"specfleet: could not end the interrupted run's work ({exc}): the next run "
+                "stops what is left and takes the host locks over"
+            )
+
+    def _interrupted_record(self) -> tuple[list[str], dict[str, Any]]:
+        """The hosts the run reached and had not lost, with what it recorded on each: the
+        stages' results, the lock token, when it started there."""
+        hosts: dict[str, Any] = {}
+        for name, host in self._hosts.items():
+            if name in self._lost:
+                continue
+            facts = self._vars(host)
+            if facts.get("specfleet_host_stopped") or not facts.get("specfleet_run_token"):
+                continue  # unreachable, refused, or the run took no lock there
+            hosts[name] = {
+                "run": dict(facts.get("specfleet_run_results") or {}),
+                "token": str(facts["specfleet_run_token"]),
+                "started": facts.get("specfleet_run_started"),
+            }
+        return list(hosts), {"where": self._interrupted, "hosts": hosts}
 
     def v2_playbook_on_play_start(self, play: Any) -> None:
         self._play = play

@@ -31,14 +31,14 @@ BIN = REPO / ".venv" / "bin"
 GALAXY = yaml.safe_load((REPO / "galaxy.yml").read_text())
 TARBALL = f"{GALAXY['namespace']}-{GALAXY['name']}-{GALAXY['version']}.tar.gz"
 RUN_TIMEOUT_S = 600
-# The ansible.cfg the README gives a project that uses the installed collection.
+# The ansible.cfg docs/usage.md gives a project that uses the installed collection.
 PROJECT_CFG = """[defaults]
 collections_path = {collections}
 callbacks_enabled = specfleet.ascend.progress, specfleet.ascend.report_net
 stdout_callback = specfleet.ascend.console
 force_valid_group_names = ignore
 """
-# The README's example of calling the roles by their full names.
+# docs/usage.md's example of calling the roles by their full names.
 CHECK_HOST = [
     {
         "name": "Check the hosts with specfleet's npu_env role",
@@ -152,9 +152,12 @@ def test_the_collection_holds_what_runs_and_nothing_of_development(built: Path) 
         "docs/fleet-report.schema.json",
     ):
         assert needed in names, needed
+    assert info["repository"] and info["documentation"] and info["issues"], info
     for name in names:
         top = name.split("/", 1)[0]
         assert top not in {".venv", ".collections", ".work", "reports", "molecule", "scripts"}, name
+        # a checkout's own, not content: its config, inventories and the site.yml wrapper
+        assert top not in {"ansible.cfg", "inventory", "site.yml"}, name
         assert not name.startswith(("tests/unit", "tests/integration", "tests/fleet")), name
         assert "__pycache__" not in name, name
 

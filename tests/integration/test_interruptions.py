@@ -14,12 +14,15 @@ it); the servers run on ports 18100 (serve) and 18101 (hidden states).
      the stage fails within seconds (measured from the kill to the stage's failure record),
      the failure shows the server's log tail, nothing of the root keeps running; the next
      run redoes hidden_states (and train, serve) and is green.
-  3. the playbook interrupted during hidden_states or train, with SIGINT (Ctrl-C: to its
-     process group) or SIGKILL (to ansible-playbook alone). The stage runs on, detached,
-     and the dead run's lock stays. The next run takes the lock over (its owner process is
-     gone) and with it stops what the dead run left running (stage script, vLLM server);
-     it redoes the stage ("no stamp from an earlier run") and what follows, and is green;
-     the stage has a new run id, its artifacts verify, nothing of the root keeps running.
+  3. the playbook interrupted during hidden_states or train. SIGINT (Ctrl-C: to its process
+     group) ends the run cleanly: before ansible-playbook exits, its report_net callback
+     stops the stage (script, vLLM server, ranks), releases the lock and writes a report
+     that says where the run was interrupted; the next run finds the lock free. SIGKILL (to
+     ansible-playbook alone) cannot be answered: the stage runs on, detached, and the dead
+     run's lock stays; the next run takes the lock over (its owner process is gone), says so,
+     and with it stops what the dead run left running. Either way the next run redoes the
+     stage ("no stamp from an earlier run") and what follows, and is green; the stage has a
+     new run id, its artifacts verify, nothing of the root keeps running.
 
 Needs the controller venv (.venv) and the CPU venv (.work/local/venv: `make run` builds it;
 CI runs it first). Takes 37-65 min on 2 cores shared with other runs (11 playbook runs, 6 of
@@ -474,9 +477,7 @@ def test_3_interrupted_run_is_redone_by_the_next(
     output = started.output()
     TIMINGS.append((label, time.monotonic() - started.t0, f"rc={started.proc.returncode}"))
 
-    # Between the runs: the dead run still holds the lock, and its stage runs on, detached.
     lock = read_json(pipeline.run_dir / "lock.json")
-    assert lock and lock["owner"]["pid"] == str(started.proc.pid), lock
     assert not alive(started.proc.pid)
     detached = alive(running["supervisor"])
     left = processes_of(pipeline.root)
@@ -486,7 +487,21 @@ def test_3_interrupted_run_is_redone_by_the_next(
         f"(rc {started.proc.returncode}); the detached stage "
         f"{'still ran' if detached else 'had ended'}; {len(left)} processes of the root"
     )
-    if stage == "hidden_states":
+    if signum == signal.SIGINT:
+        # Ctrl-C: the run ended its own work, released its lock and reported where it stopped.
+        assert started.proc.returncode == 99, output[-3000:]
+        assert "specfleet: interrupted at play" in output, output[-3000:]
+        assert lock is None, lock
+        assert not detached and not left, (left, output[-3000:])
+        report = json.loads((started.reports / "latest" / "fleet.json").read_text())
+        assert report["ended_early"].startswith("interrupted at play"), report["ended_early"]
+        host = report["hosts"][0]
+        assert host["failed_stage"] == stage, host
+        assert host["stages"][stage]["detail"].startswith("interrupted"), host["stages"][stage]
+    else:
+        # kill -9: nothing could answer; the dead run holds the lock and its stage runs on.
+        assert lock and lock["owner"]["pid"] == str(started.proc.pid), lock
+    if signum == signal.SIGKILL and stage == "hidden_states":
         # vLLM's start and a 10-row generation outlast the seconds ansible-playbook takes to exit
         assert detached, (running, output[-3000:])
     paused = None
@@ -504,8 +519,11 @@ def test_3_interrupted_run_is_redone_by_the_next(
             os.kill(paused, signal.SIGKILL)
     again.assert_green()
     took_over = re.search(r"took over the host lock of run (\S+) \((.*?)\)", again.text)
-    assert took_over and took_over.group(1) == lock["token"], again.tail()
-    print(f"  {label}: the rerun {took_over.group(0)}")
+    if signum == signal.SIGINT:
+        assert not took_over, again.tail()
+    else:
+        assert took_over and took_over.group(1) == lock["token"], again.tail()
+        print(f"  {label}: the rerun {took_over.group(0)}")
     if paused:
         # The dead run's stage and server are stopped when its lock is taken over, before the
         # preflight (which would find the port in use) and long before the stage reruns.
@@ -548,9 +566,9 @@ def test_4_a_run_killed_mid_train_leaves_no_rank_and_the_next_resumes(complete: 
     """Two gloo ranks (the CPU default) train 6 epochs; ansible-playbook is killed (SIGKILL) once
     speculators has saved epoch 0. The next run takes the lock over, which ends the old stage:
     torchrun's own shutdown (its ranks save an `interrupted` checkpoint and exit) within the
-    train stage's stop grace. No rank of the old run is alive afterwards; train resumes from the
-    last whole epoch in the same checkpoint directory (named after train's inputs) and the run
-    is green."""
+    train stage's stop grace. No rank of the old run is alive afterwards; train resumes within
+    the epoch the ranks were in, from their `interrupted` checkpoint in the same checkpoint
+    directory (named after train's inputs), and the run is green."""
     pipeline = complete
     epochs = 6
     started = pipeline.start("train-killed", train_epochs=epochs)
@@ -580,10 +598,13 @@ def test_4_a_run_killed_mid_train_leaves_no_rank_and_the_next_resumes(complete: 
     assert not [pid for pid in ranks if alive(pid)], "a rank of the killed run still runs"
     assert record["stop_grace_s"] == 45, record
     log = (pipeline.root / "logs" / "train.log").read_text(errors="replace")
-    resumed = re.search(r"Resuming training on epoch (\d+)\.", log)
-    assert resumed and int(resumed.group(1)) >= 1, log[-3000:]
-    # torchrun's own shutdown came first: its ranks were asked to stop (SIGTERM) and saved.
-    assert (save / "interrupted" / "model.safetensors").is_file(), sorted(os.listdir(save))
+    # torchrun's own shutdown came first: its ranks were asked to stop (SIGTERM) and saved
+    # speculators' `interrupted` checkpoint, which the rerun resumed within its epoch.
+    adopted = re.search(r'"resumed_from": "the interrupted checkpoint, in epoch (\d+)"', log)
+    assert adopted and int(adopted.group(1)) >= 1, log[-3000:]
+    resumed = re.search(r"Resuming mid-epoch from epoch=(\d+) local_step=1", log)
+    assert resumed and resumed.group(1) == adopted.group(1), log[-3000:]
+    assert not (save / "interrupted").exists(), sorted(os.listdir(save))
     stamp = pipeline.stamps()["train"]
     assert stamp["artifacts"]["checkpoints"] == str(save), (stamp["artifacts"], save)
     published = json.loads((pipeline.run_dir / "train.publish.json").read_text().splitlines()[-1])

@@ -242,10 +242,20 @@ def test_a_refused_setting_is_reported_red_and_latest_points_at_it(
     assert host["failed_stage"] == "serve", host
     assert REFUSED_MESSAGE in host["error"], host["error"]
     assert host["reachable"], host
-    # The gate fails the host with the message too (the exit status says it).
-    assert f"{HOST} is not green: settings of serve refused: " in run.flat(), run.tail()
+    assert host["refused"]["stage"] == "serve", host
+    # The gate fails the host with the message, said once on the console: no excerpt of the
+    # task file, no second copy where the check refused it.
+    assert f"{HOST} is not green: settings refused (serve): " in run.flat(), run.tail()
+    assert run.stdout.count(REFUSED_MESSAGE) == 1, run.stdout
+    assert "Origin:" not in run.stdout and "no hosts matched" not in run.stdout, run.stdout
     md = (latest / "fleet.md").read_text()
     assert REFUSED_MESSAGE in md, md
+    # Nothing ran, and every view says why, not "up to date".
+    summary = run.stdout.split("SUMMARY", 1)[1]
+    assert f"refused ({HOST}: serve settings)" in summary, summary
+    assert "redone: nothing (the settings were refused before any host work)" in summary, summary
+    assert "up to date" not in (latest / "fleet.html").read_text()
+    assert "the settings were refused" in (run.reports / "index.html").read_text()
 
 
 def test_every_host_unreachable_is_reported_red(runs: dict[str, Future[Any]]) -> None:
@@ -266,6 +276,10 @@ def test_every_host_unreachable_is_reported_red(runs: dict[str, Future[Any]]) ->
         assert all(s["status"] == "unreachable" for s in host["stages"].values()), host
         assert host["stages"]["npu_env"]["detail"].startswith("host unreachable: "), host
         assert f"{name} is not green: unreachable: " in run.flat(), run.tail()
+        # Ansible's own stats count it unreachable, as the report does (AWX reads those).
+        recap = next(line for line in run.stdout.splitlines() if line.startswith(f"{name} "))
+        assert "unreachable=1" in recap and "failed=0" in recap, recap
+    assert "redone: nothing (no host could be reached)" in run.stdout, run.tail()
 
 
 def test_a_host_lost_mid_run_still_gets_a_report_and_latest_moves(
@@ -309,6 +323,9 @@ def test_check_mode_writes_its_report_apart_and_keeps_latest(
     assert os.readlink(reports / "check" / "latest") == plan["report_id"]
     assert latest_before != plan["report_id"]
     assert not check.root.exists() or not any((check.root / "state").glob("*.json")), check.tail()
+    # npu_env's checks ran, and check mode redoes nothing: the summary says what would run.
+    summary = check.stdout.split("SUMMARY", 1)[1]
+    assert "redone:" not in summary and "would run: " in summary, summary
 
 
 def test_serve_alone_on_a_fresh_root_names_the_missing_upstream_stages(

@@ -101,7 +101,7 @@ PLAYBOOK = """
     - name: A stage whose decision refuses a precondition (as begin.yml decides every stage)
       block:
         - name: "Plan: guarded"
-          specfleet_stage_decide:
+          specfleet.ascend.specfleet_stage_decide:
             stage: guarded
             inputs: {}
             stamp: {}

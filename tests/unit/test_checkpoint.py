@@ -683,3 +683,43 @@ def test_safetensors_header_checks(tmp_path):
 def test_bad_input_and_checkpoint_errors_are_distinct():
     assert not issubclass(BadInput, CheckpointError)
     assert not issubclass(CheckpointError, BadInput)
+
+
+def interrupted_at(save: Path) -> Path:
+    """speculators' checkpoint of a stopped run: weights, optimizer, scheduler, no state."""
+    directory = save / "interrupted"
+    directory.mkdir()
+    (directory / "model.safetensors").write_bytes(safetensors_bytes((9.0, 9.0)))
+    (directory / "optimizer_state_dict.pt").write_bytes(b"optimizer")
+    return directory
+
+
+def test_resume_turns_the_interrupted_checkpoint_into_a_mid_epoch_resume(tmp_path):
+    save = make_save(tmp_path, epochs=2, best=None)
+    interrupted_at(save)
+    assert checkpoint.resume(save) == {
+        "resumed_from": "the interrupted checkpoint, in epoch 2",
+        "epochs_done": [0, 1],
+    }
+    assert not (save / "interrupted").exists()
+    assert (save / "2" / "model.safetensors").read_bytes() == safetensors_bytes((9.0, 9.0))
+    state = json.loads((save / "2" / "training_state.json").read_text())
+    # speculators resumes within epoch 2 (local_step > 0) from the interrupted weights
+    assert state == {"epoch": 2, "local_step": 1, "global_step": 6}
+
+
+def test_resume_in_the_first_epoch_and_without_an_interrupted_checkpoint(tmp_path):
+    save = tmp_path / "ckpt"
+    save.mkdir()
+    assert checkpoint.resume(save) == {"resumed_from": None, "epochs_done": []}
+    interrupted_at(save)
+    assert checkpoint.resume(save)["resumed_from"] == "the interrupted checkpoint, in epoch 0"
+    assert json.loads((save / "0" / "training_state.json").read_text())["epoch"] == 0
+    assert checkpoint.resume(save) == {"resumed_from": "epoch 0", "epochs_done": [0]}
+
+
+def test_resume_drops_an_interrupted_checkpoint_whose_save_was_cut_short(tmp_path):
+    save = make_save(tmp_path, epochs=1, best=None)
+    (save / "interrupted").mkdir()
+    assert checkpoint.resume(save) == {"resumed_from": "epoch 0", "epochs_done": [0]}
+    assert not (save / "interrupted").exists()

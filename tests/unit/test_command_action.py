@@ -16,44 +16,48 @@ PY = sys.executable
 
 CASES: dict[str, dict[str, Any]] = {
     "json_with_env": {
-        "specfleet_command": {
+        "specfleet.ascend.specfleet_command": {
             "argv": [PY, "-c", "import json, os; print(json.dumps({'v': os.environ['SF_V']}))"],
             "env": {"SF_V": "a b'c"},
             "json": True,
         }
     },
-    "quoted_argv": {"specfleet_command": {"argv": ["printf", "%s|", "one two", "$HOME", "'q'"]}},
+    "quoted_argv": {
+        "specfleet.ascend.specfleet_command": {"argv": ["printf", "%s|", "one two", "$HOME", "'q'"]}
+    },
     "stdout_and_stderr_apart": {
-        "specfleet_command": {
+        "specfleet.ascend.specfleet_command": {
             "argv": [PY, "-c", "import sys; print('out'); print('err', file=sys.stderr)"]
         }
     },
     "nonzero_fails": {
-        "specfleet_command": {
+        "specfleet.ascend.specfleet_command": {
             "argv": [PY, "-c", "import sys; print('why', file=sys.stderr); sys.exit(4)"]
         }
     },
     "nonzero_says_stdout": {
-        "specfleet_command": {"argv": [PY, "-c", "import sys; print('held by x'); sys.exit(4)"]}
+        "specfleet.ascend.specfleet_command": {
+            "argv": [PY, "-c", "import sys; print('held by x'); sys.exit(4)"]
+        }
     },
     "nonzero_allowed": {
-        "specfleet_command": {"argv": [PY, "-c", "import sys; sys.exit(4)"]},
+        "specfleet.ascend.specfleet_command": {"argv": [PY, "-c", "import sys; sys.exit(4)"]},
         "failed_when": False,
     },
-    "not_json": {"specfleet_command": {"argv": ["echo", "plain"], "json": True}},
+    "not_json": {"specfleet.ascend.specfleet_command": {"argv": ["echo", "plain"], "json": True}},
     "stdin_and_chdir": {
-        "specfleet_command": {
+        "specfleet.ascend.specfleet_command": {
             "argv": [PY, "-c", "import os, sys; print(os.getcwd(), sys.stdin.read())"],
             "stdin": "fed",
             "chdir": "/",
         }
     },
-    "unknown_option": {"specfleet_command": {"argv": ["true"], "environment": {}}},
+    "unknown_option": {"specfleet.ascend.specfleet_command": {"argv": ["true"], "environment": {}}},
     "task_environment_refused": {
-        "specfleet_command": {"argv": ["true"]},
+        "specfleet.ascend.specfleet_command": {"argv": ["true"]},
         "environment": {"X": "1"},
     },
-    "empty_argv": {"specfleet_command": {"argv": []}},
+    "empty_argv": {"specfleet.ascend.specfleet_command": {"argv": []}},
 }
 
 

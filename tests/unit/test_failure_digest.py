@@ -100,13 +100,13 @@ def test_it_shows_the_failed_step_the_recap_and_every_failed_task(output: str) -
     assert "item 1 is bad" in text and "item 2 is bad" in text, text
     # The failed task's result ends where Ansible goes on: not the next task's lines.
     assert "msg: rescued" not in text and "An ok task" not in text, text
-    assert shown[-1].strip().startswith("msg: the last failure"), text
+    assert shown[-1] == "fatal: [localhost]: FAILED! the last failure", text
 
 
 def test_a_short_limit_keeps_the_last_failed_tasks(output: str) -> None:
     shown = failure_digest.digest(output, 7)
     text = "\n".join(shown)
-    assert len(shown) == 7, text
+    assert len(shown) <= 7, text
     assert "TASK [Fail the host]" in shown and "TASK [Run the stage]" not in shown, text
     assert "... 2 more failed task(s) above, left out here" in shown, text
 

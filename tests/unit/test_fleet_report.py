@@ -579,7 +579,7 @@ def test_artifact_junit_mapped_to_hosts(tmp_path, capsys):
     a3 = hosts["a3-node1"]["artifact_tests"]
     assert (a3["passed"], a3["failed"], a3["skipped"]) == (1, 2, 1)
     assert a3["failures"] == [
-        {"test": "test_serve_result", "message": "AssertionError: finish_reason is 'stop'"},
+        {"test": "test_serve_result", "message": "finish_reason is 'stop'"},
         {"test": "test_profile_facts", "message": "error at setup of test_profile_facts"},
     ]
     assert hosts["a950-node1"]["artifact_tests"] == {"ran": False}
@@ -588,7 +588,7 @@ def test_artifact_junit_mapped_to_hosts(tmp_path, capsys):
     assert "| 2/2 | 41.2s |" in md and "| 2 failed | 41.2s |" in md
     assert "**NOT GREEN**: 1 of 3 hosts failed (a3-node1: 2 artifact tests)" in md
     assert "- `test_serve_result`: AssertionError: finish\\_reason is 'stop'" not in md
-    assert "- `test_serve_result`: AssertionError: finish_reason is 'stop'" in md
+    assert "- `test_serve_result`: finish_reason is 'stop'" in md
     root = ET.parse(out / "junit.xml").getroot()
     cases = root.findall(".//testsuite[@name='a3-node1']/testcase")
     artifacts = [c for c in cases if c.get("classname") == "specfleet.atlas-a3.a3-node1.artifacts"]
@@ -1023,3 +1023,64 @@ def test_hosts_alone_have_no_job_section(tmp_path):
     result = run(tmp_path, green_fleet())
     assert fleet_json(result.out)["jobs"] == []
     assert "Job `" not in (result.out / "fleet.md").read_text()
+
+
+def test_a_refused_host_says_what_was_refused_and_that_nothing_ran(tmp_path, capsys):
+    """Settings refused before any host work: the refusing role's stage failed with the
+    message, every other stage not run, the verdict says refused, the summary says why
+    nothing was redone, whatever the host's work root held from earlier runs."""
+    error = "unknown setting: train_epoch (from extra vars): did you mean train_epochs?"
+    refused = host("atlas-a2", state=None, run={}, refused={"stage": "train", "error": error})
+    rc, line, out, _ = run(tmp_path, document({"a2-node1": refused}), capsys=capsys)
+    assert rc == 0 and line["green"] is False
+    report = fleet_json(out)
+    entry = report["hosts"][0]
+    assert entry["refused"] == {"stage": "train", "error": error} and entry["error"] == error
+    assert entry["stages"]["train"]["detail"] == f"settings refused: {error}"
+    assert entry["stages"]["models"]["detail"] == "not run: train's settings were refused"
+    assert report["outcome"] == "the settings were refused before any host work"
+    lines = fleet_report.summary_lines(report, "/r/x")
+    assert lines[0] == "NOT GREEN: 1 of 1 hosts refused (a2-node1: train settings)", lines
+    assert lines[2] == "redone: nothing (the settings were refused before any host work)"
+    assert "every stage was up to date" not in (out / "fleet.html").read_text()
+    md = (out / "fleet.md").read_text()
+    assert "| a2-node1 | atlas-a2 | not reached" in md and "| REFUSED |" in md, md
+    assert "- **Settings refused** (train): `unknown setting: train_epoch" in md, md
+    assert 'data-refused="train"' in (out / "fleet.html").read_text()
+
+
+def test_an_all_unreachable_run_and_an_interrupted_one_say_why_nothing_was_redone():
+    down = host("atlas-a3", reachable=False, state=None, run={}, unreachable_error="timed out")
+    report = fleet_report.build_report(fleet_report.validate(document({"a3-node1": down})), {})
+    assert (
+        fleet_report.summary_lines(report, "/r")[2] == "redone: nothing (no host could be reached)"
+    )
+    doc = document({"a2-node1": host("atlas-a2", run={})}, ended_early="interrupted at play 'x'")
+    report = fleet_report.build_report(fleet_report.validate(doc), {})
+    assert report["green"] is False
+    assert (
+        fleet_report.summary_lines(report, "/r")[2] == "redone: nothing (interrupted at play 'x')"
+    )
+
+
+def test_check_mode_redoes_nothing_and_says_what_would_run():
+    """A --check run on a fresh root: npu_env's checks ran, nothing was redone."""
+    doc = green_fleet()
+    doc["check_mode"] = True
+    for h in doc["hosts"].values():
+        h["run"] = {s: {"status": "would_run", "reason": "no stamp"} for s in STAGES}
+        h["run"]["npu_env"] = {"status": "ran", "reason": "checks"}
+    lines = fleet_report.summary_lines(
+        fleet_report.build_report(fleet_report.validate(doc), {}), "/r"
+    )
+    assert lines[2] == "would run: " + ", ".join(STAGES[1:]), lines
+
+
+def test_a_failed_artifact_test_reads_as_its_own_message():
+    raw = (
+        "AssertionError: the draft is not published\n"
+        "assert False\n"
+        " +  where False = <built-in method startswith of str object at 0x7f0b89e2ee50>('x')"
+    )
+    assert fleet_report.readable_failure(raw) == "the draft is not published"
+    assert fleet_report.readable_failure("assert 1 == 2") == "assert 1 == 2"

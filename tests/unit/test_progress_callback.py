@@ -81,7 +81,14 @@ def test_last_line_that_repeats_the_step_is_left_out():
 
 def test_long_last_line_is_cut():
     line = progress_line("h", running(elapsed_s=5, last_line="x" * 500))
-    assert line == "[h] train: running 5s | last: " + "x" * 120
+    assert line == ("[h] train: running 5s | last: " + "x" * 500)[:118] + "…"
+    assert len(line) == 119
+
+
+def test_a_dict_at_the_end_of_the_last_line_is_shown_as_its_numbers():
+    last = "INFO step {'train/loss': 3.2145678, 'train/lr': 0.0001, 'epoch': 1, 'note': 'x'}"
+    line = progress_line("h", running(elapsed_s=5, last_line=last))
+    assert line == "[h] train: running 5s | last: INFO step loss=3.215 lr=0.0001 epoch=1", line
 
 
 @pytest.mark.parametrize(

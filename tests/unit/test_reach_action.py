@@ -22,7 +22,7 @@ def test_the_configured_interpreter_described_as_setup_does(tmp_path: Path) -> N
     run = run_cases(
         tmp_path,
         [
-            {"name": "reach", "specfleet_reach": None},
+            {"name": "reach", "specfleet.ascend.specfleet_reach": None},
             {
                 "name": "setup",
                 "ansible.builtin.setup": {"gather_subset": ["!all", "!min", "python"]},
@@ -45,7 +45,7 @@ def test_a_discovered_interpreter_becomes_the_hosts_facts(tmp_path: Path) -> Non
     path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
     run = run_cases(
         tmp_path,
-        [{"name": "reach", "specfleet_reach": None}, FOUND],
+        [{"name": "reach", "specfleet.ascend.specfleet_reach": None}, FOUND],
         interpreter=None,
         env={"PATH": path},
     )
@@ -66,7 +66,7 @@ def test_an_unreachable_host_is_unreachable(tmp_path: Path) -> None:
         [
             {
                 "name": "reach",
-                "specfleet_reach": None,
+                "specfleet.ascend.specfleet_reach": None,
                 "delegate_to": "nowhere",
                 "ignore_unreachable": True,
                 "vars": {
@@ -84,6 +84,8 @@ def test_an_unreachable_host_is_unreachable(tmp_path: Path) -> None:
 
 
 def test_options_are_refused(tmp_path: Path) -> None:
-    run = run_cases(tmp_path, [{"name": "reach", "specfleet_reach": {"gather_subset": "all"}}])
+    run = run_cases(
+        tmp_path, [{"name": "reach", "specfleet.ascend.specfleet_reach": {"gather_subset": "all"}}]
+    )
     reached = run.results["reach"]
     assert reached["failed"] and "takes no options, got gather_subset" in reached["msg"]

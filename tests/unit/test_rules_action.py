@@ -35,7 +35,7 @@ DEMO_SPEC = {
 DEMO_TASKS = [
     {
         "name": "Check the demo settings",
-        "specfleet_rules": {
+        "specfleet.ascend.specfleet_rules": {
             "argument_spec": "main",
             "rules": [
                 {"name": "port > 100", "that": "demo_port | int > 100", "msg": "port too low"},
@@ -153,7 +153,9 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     (role / "tasks").mkdir()
     (role / "meta" / "argument_specs.yml").write_text(yaml.safe_dump(DEMO_SPEC))
     (role / "tasks" / "settings.yml").write_text(yaml.safe_dump(DEMO_TASKS, sort_keys=False))
-    cases = [{"name": case, "specfleet_rules": body} for case, body in CASES.items()]
+    cases = [
+        {"name": case, "specfleet.ascend.specfleet_rules": body} for case, body in CASES.items()
+    ]
     cases += [
         {"name": "read planned_port_", "ansible.builtin.debug": {"var": "planned_port_"}},
         {

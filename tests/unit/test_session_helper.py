@@ -105,6 +105,17 @@ def test_open_recreates_a_removed_directory_of_the_layout(root: Path):
     assert (root / "logs").is_dir()
 
 
+def test_open_sets_the_mode_of_the_layout_again_and_says_so(root: Path):
+    """A re-run sets again the mode the project gave its directories; a no-op says nothing."""
+    assert open_(root, "run-a")[1]["restored_modes"] == []
+    os.chmod(root / "state", 0o777)
+    rc, result, err = open_(root, "run-a")
+    assert rc == 0, err
+    assert result["restored_modes"] == [f"{root / 'state'} (0777 -> 0750)"]
+    assert stat.S_IMODE((root / "state").stat().st_mode) == 0o750
+    assert open_(root, "run-a")[1]["restored_modes"] == []
+
+
 def test_open_refused_by_another_run_prints_neither_state_nor_verification(root: Path):
     assert open_(root, "run-a")[0] == 0
     stamped(root, "data", {"rows": 4})

@@ -151,7 +151,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
     def case(name: str, keywords: dict[str, Any] | None = None, **args: Any) -> dict[str, Any]:
-        return {"name": name, "specfleet_stage_decide": {**common, **args}, **(keywords or {})}
+        return {
+            "name": name,
+            "specfleet.ascend.specfleet_stage_decide": {**common, **args},
+            **(keywords or {}),
+        }
 
     played = run_cases(
         work,
@@ -171,9 +175,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 {"vars": {"demo_layers": 2}},
                 inputs="{{ undefined_until_the_preconditions_hold }}",
             ),
-            {"name": "set_facts", "specfleet_facts": {"facts": {"specfleet_set": {"a": [1]}}}},
+            {
+                "name": "set_facts",
+                "specfleet.ascend.specfleet_facts": {"facts": {"specfleet_set": {"a": [1]}}},
+            },
             {"name": "facts_after_set_facts", "ansible.builtin.debug": {"var": "specfleet_set"}},
-            {"name": "set_facts_bad_name", "specfleet_facts": {"facts": {"not a name": 1}}},
+            {
+                "name": "set_facts_bad_name",
+                "specfleet.ascend.specfleet_facts": {"facts": {"not a name": 1}},
+            },
             case("changed_input", inputs={"epochs": 2}),
             # Its upstream stages come first: the run ids are stage_upstream for the inputs.
             case(

@@ -163,8 +163,8 @@ def specfleet_rules_tasks(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every specfleet_rules task's arguments, blocks walked."""
     found = []
     for task in tasks or []:
-        if "specfleet_rules" in task:
-            found.append(task["specfleet_rules"])
+        if "specfleet.ascend.specfleet_rules" in task:
+            found.append(task["specfleet.ascend.specfleet_rules"])
         for key in ("block", "rescue", "always"):
             found.extend(specfleet_rules_tasks(task.get(key)))
     return found
@@ -178,7 +178,10 @@ def test_the_plays_skip_only_the_spec_checks_the_settings_check_makes() -> None:
     provision = yaml.safe_load(PLAYBOOKS[0].read_text())[0]
     check = next(t for t in provision["pre_tasks"] if "settings" in t["name"])
     assert check["ansible.builtin.import_tasks"] == "tasks/settings.yml"
-    blocks = yaml.safe_load((PLAYBOOKS[0].parent / "tasks" / "settings.yml").read_text())
+    names, *blocks = yaml.safe_load((PLAYBOOKS[0].parent / "tasks" / "settings.yml").read_text())
+    # First the names given (a setting no role declares), refused as the fleet-wide role's.
+    assert "specfleet.ascend.specfleet_setting_names" in names["block"][0], names
+    assert names["rescue"][0]["vars"] == {"_specfleet_settings_role": "specfleet"}, names
     imported = [block["block"][0]["ansible.builtin.import_role"] for block in blocks]
     assert [role["name"] for role in imported] == list(declarations()), imported
     assert all(role["tasks_from"] == "settings.yml" for role in imported), imported

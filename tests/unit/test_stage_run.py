@@ -210,6 +210,23 @@ def test_stop_ends_the_whole_process_group(stages):
     assert stage_run.stop(stage.run_dir, stage.name) == {"name": "train", "stopped": False}
 
 
+def test_stop_all_ends_every_stage_of_the_run_dir_at_once(stages):
+    """What an interrupted run left: a stage and a server started ahead of the next one."""
+    first, second = stages("hidden_states_early"), stages("hidden_states")
+    children = []
+    for stage in (first, second):
+        pid_file = stage.tmp / f"{stage.name}.child"
+        stage.write(f'sleep 300 &\necho $! > "{pid_file}"\nwait\n')
+        stage.start_cli()
+        children.append(read_pid(pid_file))
+    assert first.run_dir == second.run_dir
+    done = stage_run.main(["stop-all", f"--run-dir={first.run_dir}"])
+    assert done == 0
+    assert wait_until(lambda: not any(pid_alive(pid) for pid in children), 5)
+    assert first.wait_finished()["rc"] != 0 and second.wait_finished()["rc"] != 0
+    assert stage_run.stop_all(first.run_dir) == {"stopped": []}
+
+
 def test_restart_stops_a_stale_run_of_the_same_stage(stages):
     stage = stages("convert")
     child_pid_file = stage.tmp / "child.pid"

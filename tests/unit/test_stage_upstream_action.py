@@ -76,7 +76,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tasks = [
         {
             "name": name,
-            "specfleet_stage_upstream": {
+            "specfleet.ascend.specfleet_stage_upstream": {
                 "stage": "train",
                 "stage_runs": runs,
                 "run_results": {"data": {"status": "would_run"}},

@@ -57,13 +57,22 @@ VENV_MARKERS = stage_verify.VENV_MARKERS
 VERSIONS_CACHE_VERSION = 1
 
 
-def lay_out(dirs: list[Path]) -> None:
-    """Create the work root's directories that are missing (mode 0750, as the file task that
-    creates them on a first run); existing ones are left as they are."""
+def lay_out(dirs: list[Path]) -> list[str]:
+    """Create the work root's directories that are missing, and give the ones whose mode was
+    changed theirs again (0750, as the file task that creates them on a first run): a
+    directory someone made world-writable is the project's to set right. Returns what was
+    set again, as "<dir> (0777 -> 0750)"."""
+    restored = []
     for path in dirs:
         if not path.is_dir():
             path.mkdir(parents=True, exist_ok=True)
             os.chmod(path, LAYOUT_MODE)
+            continue
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode != LAYOUT_MODE:
+            os.chmod(path, LAYOUT_MODE)
+            restored.append(f"{path} ({mode:04o} -> {LAYOUT_MODE:04o})")
+    return restored
 
 
 def file_facts(paths: list[Path]) -> dict[str, Optional[dict[str, str]]]:
@@ -272,7 +281,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "open":
         try:
-            lay_out(args.layout)
+            restored = lay_out(args.layout)
         except OSError as exc:
             message = f"cannot lay out the work root: {exc}"
             print(json.dumps({"acquired": False, "changed": False, "error": message}))
@@ -284,6 +293,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             result["state"] = stamps.load_all(args.state_dir, manifests=False)
             result["verification"] = verification(args.state_dir, _stages(args.verify), set())
             result["files"] = file_facts(args.file)
+        result["restored_modes"] = restored
         print(json.dumps(result, sort_keys=True))
         return rc
     if (args.lock is None) != (args.token is None):

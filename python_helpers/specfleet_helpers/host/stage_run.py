@@ -29,6 +29,7 @@ import shlex
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
@@ -296,6 +297,17 @@ def stop(run_dir: Path, name: str) -> dict[str, Any]:
     return {"name": name, "stopped": stopped}
 
 
+def stop_all(run_dir: Path) -> dict[str, Any]:
+    """Stop every stage recorded under run_dir at once, each as `stop` does (its supervisor,
+    its grace): what an interrupted run left running. Names the ones that were running."""
+    names = sorted(
+        path.name[: -len(procs.STAGE_RECORD)] for path in run_dir.glob(f"*{procs.STAGE_RECORD}")
+    )
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        results = list(pool.map(lambda name: stop(run_dir, name), names))
+    return {"stopped": [r["name"] for r in results if r["stopped"]]}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m specfleet_helpers.host.stage_run",
@@ -306,11 +318,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         ("start", "start the script detached and return at once"),
         ("status", "print the stage's state as JSON: running (with progress), finished, lost"),
         ("stop", "end the stage's process group"),
+        ("stop-all", "stop every stage recorded under --run-dir (an interrupted run's work)"),
     ):
         p = sub.add_parser(cmd, help=text)
-        p.add_argument("--name", required=True, help="stage name, e.g. train")
+        if cmd != "stop-all":
+            p.add_argument("--name", required=True, help="stage name, e.g. train")
         p.add_argument("--run-dir", required=True, type=Path, help="<root>/run")
-        if cmd != "stop":
+        if cmd in ("start", "status"):
             p.add_argument("--log", required=True, type=Path, help="<root>/logs/<stage>.log")
         if cmd == "start":
             p.add_argument("--script", required=True, type=Path, help="the stage's bash script")
@@ -363,6 +377,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             if not held["held"]:
                 print(held.get("message", f"host lock {args.lock} lost"), file=sys.stderr)
         result = status(args.log, args.run_dir, args.name, args.tail, args.wait)
+    elif args.command == "stop-all":
+        result = stop_all(args.run_dir)
     else:
         result = stop(args.run_dir, args.name)
     print(json.dumps(result))

@@ -176,6 +176,7 @@ HTML.filters.update(
     css_status=css_status,
     percent=_percent,
     sort_number=lambda v: f"{v:.6g}" if _number(v) else "",
+    nothing_redone=formats.nothing_redone,
 )
 
 
@@ -220,7 +221,9 @@ def index_entry(report_dir: Path) -> Optional[dict[str, Any]]:
         "unreachable": totals.get("unreachable"),
         "not_green_hosts": [h["name"] for h in hosts if not h.get("green")],
         "wall_time_s": max(walls) if walls else None,
-        "redone": formats.redone_stages(hosts),
+        "redone": formats.redone_stages(hosts, bool(report.get("check_mode"))),
+        "would_run": formats.would_run_stages(hosts) if report.get("check_mode") else {},
+        "nothing_redone": formats.nothing_redone(report),
         "html": (report_dir / "fleet.html").is_file(),
     }
 

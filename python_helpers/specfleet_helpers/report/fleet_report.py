@@ -48,8 +48,10 @@ from specfleet_helpers.report.formats import (
     fmt_bytes,
     fmt_num,
     is_number,
+    nothing_redone,
     parse_time,
     redone_stages,
+    would_run_stages,
 )
 from specfleet_helpers.report.testcases import REUSED_FROM, testcase_host
 
@@ -173,6 +175,7 @@ def validate(doc: Any) -> dict[str, Any]:
             "state": state,
             "run": _or(host, "run", {}),
             "unreachable_error": host.get("unreachable_error"),
+            "refused": host.get("refused"),
         }
     return clean
 
@@ -271,6 +274,7 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
     verification = host.get("verification") or {}
     out: dict[str, dict[str, Any]] = {}
     first_failed: Optional[str] = None
+    refused = host.get("refused")
     for stage in stages:
         rec: dict[str, Any] = {
             "status": None,
@@ -284,6 +288,22 @@ def stage_statuses(stages: list[str], host: dict[str, Any]) -> dict[str, dict[st
             "this_run": None,
             "ended": None,
         }
+        if refused:
+            # Refused before any host work: nothing ran, whatever the host holds.
+            if stage == refused["stage"]:
+                rec.update(
+                    status=FAILED,
+                    this_run="refused",
+                    detail=f"settings refused: {_first_line(refused['error'])}",
+                    error=refused["error"],
+                )
+            else:
+                rec.update(
+                    status=NOT_REACHED,
+                    detail=f"not run: {refused['stage']}'s settings were refused",
+                )
+            out[stage] = rec
+            continue
         entry = host["run"].get(stage)
         stamp = stamps.get(stage)
         if stamp is None and stage == ENVIRONMENT_STAGE and state.get("environment"):
@@ -403,7 +423,7 @@ def read_artifact_junit(path: Path, hosts: list[str]) -> dict[str, list[dict[str
         text = None
         if detail is not None:
             text = (detail.text or "").strip()
-            message = detail.get("message") or _first_line(text) or outcome
+            message = readable_failure(detail.get("message") or _first_line(text) or outcome)
         try:
             seconds = float(case.get("time", "0"))
         except ValueError:
@@ -424,6 +444,24 @@ def read_artifact_junit(path: Path, hosts: list[str]) -> dict[str, list[dict[str
             }
         )
     return by_host
+
+
+# pytest's assertion rewriting: the lines after an assertion's own message that show how
+# Python evaluated it ("assert False", "+  where False = <built-in method ... at 0x7f...>").
+_INTROSPECTION = re.compile(r"^\s*(assert |\+|where |and |or |At index|Full diff|Use -v)")
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+>")
+
+
+def readable_failure(message: str) -> str:
+    """A failed test's message as a person reads it: the assertion's own message, without
+    pytest's evaluation of the expression and the objects' memory addresses."""
+    kept = []
+    for line in str(message).splitlines():
+        if kept and _INTROSPECTION.match(line):
+            break
+        kept.append(line)
+    text = _ADDRESS.sub(">", "\n".join(kept).strip())
+    return text.removeprefix("AssertionError: ") or str(message).strip()
 
 
 def artifact_summary(cases: Optional[list[dict[str, Any]]]) -> dict[str, Any]:
@@ -574,7 +612,9 @@ def effective_settings(host: dict[str, Any]) -> dict[str, Any]:
 
 def not_green_reason(entry: dict[str, Any]) -> str:
     parts = []
-    if entry["failed_stage"]:
+    if entry["refused"]:
+        parts.append(f"{entry['refused']['stage']} settings refused")
+    elif entry["failed_stage"]:
         parts.append(f"{entry['failed_stage']} failed")
     elif not entry["reachable"]:
         parts.append("unreachable")
@@ -619,8 +659,13 @@ def build_report(
             "green": bool(green),
             "wall_time_s": host["wall_time_s"],
             "failed_stage": failed,
+            # its settings were refused before any work: {stage (the role), error}
+            "refused": host.get("refused"),
             # an unreachable host's error is the connection error
-            "error": first.get("error") if failed else host.get("unreachable_error"),
+            "error": (
+                (host.get("refused") or {}).get("error")
+                or (first.get("error") if failed else host.get("unreachable_error"))
+            ),
             "log_tail": first.get("log_tail", []),
             "rerun": first.get("rerun"),
             "stages": statuses,
@@ -637,7 +682,7 @@ def build_report(
         bucket["hosts"] += 1
         bucket["green"] += h["green"]
     n_green = sum(h["green"] for h in hosts)
-    return {
+    report = {
         "schema": SCHEMA,
         "report_id": doc["report_id"],
         "generated": doc["generated"],
@@ -646,6 +691,7 @@ def build_report(
         "limit": doc["limit"],
         "tags": doc["tags"],
         "ended_early": doc["ended_early"],
+        "outcome": None,
         # a run that ended before its report checked nothing it did not reach
         "green": bool(hosts) and n_green == len(hosts) and not doc["ended_early"],
         "stages": stages,
@@ -660,6 +706,25 @@ def build_report(
         "jobs": job_summaries(doc, hosts),
         "hosts": hosts,
     }
+    report["outcome"] = run_outcome(report)
+    return report
+
+
+def run_outcome(report: dict[str, Any]) -> Optional[str]:
+    """Why this run redid nothing, when that is not "every stage was up to date": check mode,
+    a run that ended early, every host refused or unreachable. None otherwise."""
+    hosts = report["hosts"]
+    if report["check_mode"]:
+        return "check mode changes nothing"
+    if report["ended_early"]:
+        return str(report["ended_early"])
+    if hosts and all(h["refused"] for h in hosts):
+        return "the settings were refused before any host work"
+    if hosts and all(not h["reachable"] for h in hosts):
+        return "no host could be reached"
+    if hosts and all(h["refused"] or not h["reachable"] for h in hosts):
+        return "every host was refused or unreachable"
+    return None
 
 
 def _sha256_of(files: Any, name: str) -> Optional[str]:
@@ -833,11 +898,14 @@ def verdict(
         return f"{strong('NOT GREEN')}: the report has no hosts"
     if report["green"]:
         return f"{strong('GREEN')}: {total} of {total} hosts passed every stage"
-    failed, unreachable, incomplete = [], [], []
+    failed, refused, unreachable, incomplete = [], [], [], []
     for h in hosts:
         if h["green"]:
             continue
         name = text(h["name"])
+        if h["refused"]:
+            refused.append(f"{name}: {text(h['refused']['stage'])} settings")
+            continue
         tests_failed = h["artifact_tests"].get("failed") or 0
         damaged = [text(s) + " damaged" for s, r in h["stages"].items() if r["status"] == DAMAGED]
         if not h["reachable"] and not h["failed_stage"]:
@@ -852,6 +920,7 @@ def verdict(
     parts = []
     for label, items in (
         ("failed", failed),
+        ("refused", refused),
         ("unreachable", unreachable),
         ("incomplete", incomplete),
     ):
@@ -907,16 +976,21 @@ def summary_lines(report: dict[str, Any], report_dir: str) -> list[str]:
     redid, where the report is."""
     by_group = report["totals"]["by_group"]
     groups = ", ".join(f"{g} {c['green']}/{c['hosts']}" for g, c in by_group.items())
-    redone = redone_stages(report["hosts"])
     total = len(report["hosts"])
-    if redone:
-        did = ", ".join(
+
+    def counted(stages: dict[str, int]) -> str:
+        return ", ".join(
             stage if count == total else f"{stage} ({count} of {total} hosts)"
-            for stage, count in redone.items()
+            for stage, count in stages.items()
         )
-        redid = f"redone: {did}"
+
+    if report["check_mode"]:
+        would = would_run_stages(report["hosts"])
+        nothing = "nothing, every stage is up to date" if report["green"] else "nothing"
+        redid = f"would run: {counted(would) if would else nothing}"
     else:
-        redid = "redone: nothing" + (", every stage was up to date" if report["green"] else "")
+        redone = redone_stages(report["hosts"])
+        redid = f"redone: {counted(redone)}" if redone else f"redone: {nothing_redone(report)}"
     return [
         verdict(report, text=str, strong=str),
         f"hosts green per group: {groups}" if groups else "hosts: none",

@@ -86,7 +86,7 @@ def stage_cell(rec: dict[str, Any]) -> str:
             f"passed {fmt_seconds(rec['duration_s'])}" if is_number(rec["duration_s"]) else "passed"
         )
     if status == FAILED:
-        return "FAILED"
+        return "REFUSED" if rec.get("this_run") == "refused" else "FAILED"
     if status == SKIPPED and rec["detail"].startswith("would run"):
         return "would run"
     return status
@@ -128,11 +128,29 @@ FILTERS: dict[str, Callable[..., Any]] = {
 }
 
 
-def redone_stages(hosts: list[dict[str, Any]]) -> dict[str, int]:
-    """{stage: how many hosts ran it in this run}, in the order the stages first appear."""
-    redone: dict[str, int] = {}
+def _stages_this_run(hosts: list[dict[str, Any]], status: str) -> dict[str, int]:
+    counted: dict[str, int] = {}
     for h in hosts:
         for stage, rec in (h.get("stages") or {}).items():
-            if rec.get("this_run") == "ran" or str(rec.get("detail", "")).startswith("ran"):
-                redone[stage] = redone.get(stage, 0) + 1
-    return redone
+            if rec.get("this_run") == status:
+                counted[stage] = counted.get(stage, 0) + 1
+    return counted
+
+
+def redone_stages(hosts: list[dict[str, Any]], check_mode: bool = False) -> dict[str, int]:
+    """{stage: how many hosts ran it in this run}, in the order the stages first appear.
+    Nothing is redone in check mode (npu_env's checks run there, and change nothing)."""
+    return {} if check_mode else _stages_this_run(hosts, "ran")
+
+
+def would_run_stages(hosts: list[dict[str, Any]]) -> dict[str, int]:
+    """{stage: how many hosts a real run would run it on}: a check mode run's plan."""
+    return _stages_this_run(hosts, "would_run")
+
+
+def nothing_redone(report: dict[str, Any]) -> str:
+    """What a run that redid no stage says about it: why, when every stage was not simply up
+    to date (the report's outcome: check mode, refused, unreachable, interrupted)."""
+    if report.get("outcome"):
+        return f"nothing ({report['outcome']})"
+    return "nothing, every stage was up to date" if report.get("green") else "nothing"

@@ -491,6 +491,49 @@ def publish(
 # --------------------------------------------------------------------------------------
 
 
+# speculators' checkpoint of a run stopped by a signal (graceful_shutdown), which speculators
+# itself skips on resume ("rename it to an epoch number"): model, optimizer and scheduler, no
+# training state.
+INTERRUPTED = "interrupted"
+
+
+def finished_epochs(save_path: Path) -> list[int]:
+    """The epochs speculators saved whole (<save>/<N>/, not its descriptive symlinks)."""
+    if not save_path.is_dir():
+        return []
+    return sorted(
+        epoch
+        for path in save_path.iterdir()
+        if path.is_dir() and not path.is_symlink()
+        for epoch in [_epoch_of(path.name)]
+        if epoch is not None
+    )
+
+
+def resume(save_path: Path) -> dict[str, Any]:
+    """Make speculators resume a stopped run where it was, not from its last whole epoch.
+
+    speculators resumes after the highest epoch directory it finds, and only mid-epoch when
+    that epoch's training_state.json says so. Its `interrupted` checkpoint becomes that
+    epoch's directory, with a training state one step into it: speculators then resumes mid-
+    epoch from the interrupted weights, optimizer and scheduler, and goes through the epoch's
+    remaining batches (the ones seen before the stop are seen again; none is left out). The
+    published draft is thus trained on every epoch asked for. Prints what is reused."""
+    done = finished_epochs(save_path)
+    interrupted = save_path / INTERRUPTED
+    if not (interrupted / "model.safetensors").is_file():
+        if interrupted.exists():
+            shutil.rmtree(interrupted)  # saved only in part: the save itself was cut short
+        return {"resumed_from": f"epoch {done[-1]}" if done else None, "epochs_done": done}
+    epoch = done[-1] + 1 if done else 0
+    previous = _read_json_object(save_path / str(epoch - 1) / "training_state.json") or {}
+    target = save_path / str(epoch)
+    interrupted.rename(target)
+    state = {"epoch": epoch, "local_step": 1, "global_step": int(previous.get("global_step") or 0)}
+    (target / "training_state.json").write_text(json.dumps(state))
+    return {"resumed_from": f"the interrupted checkpoint, in epoch {epoch}", "epochs_done": done}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -506,6 +549,16 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    res = sub.add_parser(
+        "resume",
+        help="before speculators.train: resume a stopped run from its interrupted checkpoint",
+        description=(
+            "Turn <save>/interrupted (speculators' checkpoint of a run stopped by a signal) into "
+            "the epoch it was saved in, with a training state that makes speculators resume "
+            "within that epoch; print the epochs done and what is resumed from."
+        ),
+    )
+    res.add_argument("--save-path", required=True, type=Path, help="speculators' --save-path")
     pub = sub.add_parser(
         "publish",
         help="copy the best checkpoint's config.json + model.safetensors to --out",
@@ -564,6 +617,9 @@ def _error(message: str) -> None:
 
 def main(argv: Optional[Iterable[str]] = None) -> int:
     args = build_parser().parse_args(None if argv is None else list(argv))
+    if args.command == "resume":
+        print(json.dumps(resume(args.save_path)))
+        return EXIT_OK
     if args.command == "verify":
         result = verify(args.out)
         print(json.dumps(result))

@@ -36,6 +36,18 @@ echo "==> every row's hidden states, from every host of the job (320 rows)"
 mkdir -p /mnt/nfs/specfleet/a3-pair/train/checkpoints
 # Checkpoints of other input sets are stale; this set's own are kept so a re-run resumes.
 find /mnt/nfs/specfleet/a3-pair/train/checkpoints -mindepth 1 -maxdepth 1 ! -path "$SAVE" -exec rm -rf {} +
+# specfleet_force_stages: train retrains from scratch (the stage runner sets SPECFLEET_STAGE_FORCED).
+if [ "${SPECFLEET_STAGE_FORCED:-}" = 1 ] && [ -e "$SAVE" ]; then
+  echo "==> forced: training from scratch (this input set's checkpoints removed)"
+  rm -rf "$SAVE"
+fi
+# A run stopped part-way resumes from speculators' own checkpoints: its last whole epoch, or
+# its `interrupted` checkpoint, within the epoch it was saved in.
+resumed=$("$PY" -m specfleet_helpers.stages.checkpoint resume --save-path "$SAVE")
+case "$resumed" in
+  *'"resumed_from": null'*) ;;
+  *) echo "==> resuming: $resumed" ;;
+esac
 
 ARGS=(
   --speculator-type dflash
