@@ -108,7 +108,7 @@ def root_of(host) -> str:
 
 
 def api_key() -> str:
-    key = yaml.safe_load(API_KEY_FILE.read_text())["specfleet_fleet_serve_api_key"]
+    key = yaml.safe_load(API_KEY_FILE.read_text())["fleet_scenario_serve_api_key"]
     assert isinstance(key, str) and key.startswith("sfkey-") and len(key) > 20
     return key
 
