@@ -215,6 +215,14 @@ class CallbackModule(CallbackBase):
                 color="red",
             )
             return
+        if context.CLIARGS.get("ask_pass") or context.CLIARGS.get("become_ask_pass"):
+            self._display.display(
+                f"specfleet: interrupted at {self._interrupted}. The passwords given at the "
+                "prompt cannot be asked again: the next run stops what is left running and "
+                "takes the host locks over",
+                color="red",
+            )
+            return
         hosts, record = self._interrupted_record()
         if not hosts:
             return

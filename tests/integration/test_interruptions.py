@@ -498,6 +498,8 @@ def test_3_interrupted_run_is_redone_by_the_next(
         host = report["hosts"][0]
         assert host["failed_stage"] == stage, host
         assert host["stages"][stage]["detail"].startswith("interrupted"), host["stages"][stage]
+        md = (started.reports / "latest" / "fleet.md").read_text()
+        assert "**The run was interrupted** at play" in md, md
     else:
         # kill -9: nothing could answer; the dead run holds the lock and its stage runs on.
         assert lock and lock["owner"]["pid"] == str(started.proc.pid), lock

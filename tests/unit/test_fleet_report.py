@@ -1058,6 +1058,7 @@ def test_an_all_unreachable_run_and_an_interrupted_one_say_why_nothing_was_redon
     doc = document({"a2-node1": host("atlas-a2", run={})}, ended_early="interrupted at play 'x'")
     report = fleet_report.build_report(fleet_report.validate(doc), {})
     assert report["green"] is False
+    assert fleet_report.verdict(report, str, str) == "NOT GREEN: the run was interrupted"
     assert (
         fleet_report.summary_lines(report, "/r")[2] == "redone: nothing (interrupted at play 'x')"
     )

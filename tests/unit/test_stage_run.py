@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from procutil import pid_alive, wait_until
-from specfleet_helpers.host import stage_run
+from specfleet_helpers.host import host_lock, stage_run
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HELPERS = REPO_ROOT / "python_helpers"
@@ -220,7 +220,16 @@ def test_stop_all_ends_every_stage_of_the_run_dir_at_once(stages):
         stage.start_cli()
         children.append(read_pid(pid_file))
     assert first.run_dir == second.run_dir
-    done = stage_run.main(["stop-all", f"--run-dir={first.run_dir}"])
+    lock = first.run_dir / "lock.json"
+    assert host_lock.acquire(lock, "another-run", {"pid": "1"}, end_abandoned=False)["acquired"]
+    # Another run holds the lock: the interrupted run stops nothing of that run's.
+    assert stage_run.stop_all(first.run_dir, lock, "this-run") == {"stopped": [], "not_ours": True}
+    assert all(pid_alive(pid) for pid in children)
+    lock.unlink()
+    assert host_lock.acquire(lock, "this-run", {"pid": "2"}, end_abandoned=False)["acquired"]
+    done = stage_run.main(
+        ["stop-all", f"--run-dir={first.run_dir}", f"--lock={lock}", "--token=this-run"]
+    )
     assert done == 0
     assert wait_until(lambda: not any(pid_alive(pid) for pid in children), 5)
     assert first.wait_finished()["rc"] != 0 and second.wait_finished()["rc"] != 0

@@ -297,9 +297,16 @@ def stop(run_dir: Path, name: str) -> dict[str, Any]:
     return {"name": name, "stopped": stopped}
 
 
-def stop_all(run_dir: Path) -> dict[str, Any]:
+def stop_all(
+    run_dir: Path, lock: Optional[Path] = None, token: Optional[str] = None
+) -> dict[str, Any]:
     """Stop every stage recorded under run_dir at once, each as `stop` does (its supervisor,
-    its grace): what an interrupted run left running. Names the ones that were running."""
+    its grace): what an interrupted run left running. Names the ones that were running.
+
+    With `lock` and `token`, only while that run holds the host lock: a run interrupted while
+    it waited for another run's lock stops nothing of that run's."""
+    if lock is not None and host_lock.read(lock).get("token") != token:
+        return {"stopped": [], "not_ours": True}
     names = sorted(
         path.name[: -len(procs.STAGE_RECORD)] for path in run_dir.glob(f"*{procs.STAGE_RECORD}")
     )
@@ -324,6 +331,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         if cmd != "stop-all":
             p.add_argument("--name", required=True, help="stage name, e.g. train")
         p.add_argument("--run-dir", required=True, type=Path, help="<root>/run")
+        if cmd == "stop-all":
+            p.add_argument(
+                "--lock", type=Path, help="stop only while the run of --token holds this lock"
+            )
+            p.add_argument("--token", help="the run's token for --lock")
         if cmd in ("start", "status"):
             p.add_argument("--log", required=True, type=Path, help="<root>/logs/<stage>.log")
         if cmd == "start":
@@ -378,7 +390,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(held.get("message", f"host lock {args.lock} lost"), file=sys.stderr)
         result = status(args.log, args.run_dir, args.name, args.tail, args.wait)
     elif args.command == "stop-all":
-        result = stop_all(args.run_dir)
+        if (args.lock is None) != (args.token is None):
+            parser.error("stop-all: --lock and --token go together")
+        result = stop_all(args.run_dir, args.lock, args.token)
     else:
         result = stop(args.run_dir, args.name)
     print(json.dumps(result))

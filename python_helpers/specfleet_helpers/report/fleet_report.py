@@ -928,7 +928,10 @@ def verdict(
             count = f"{len(items)} of {total} hosts" if not parts else str(len(items))
             parts.append(f"{count} {label} ({_names(items)})")
     if report.get("ended_early"):
-        parts.append("the run ended before its report")
+        interrupted = str(report["ended_early"]).startswith("interrupted")
+        parts.append(
+            "the run was interrupted" if interrupted else "the run ended before its report"
+        )
     prefix = "check mode, " if report["check_mode"] else ""
     return f"{strong('NOT GREEN')}: {prefix}{'; '.join(parts)}"
 
