@@ -691,6 +691,8 @@ def build_report(
         "limit": doc["limit"],
         "tags": doc["tags"],
         "ended_early": doc["ended_early"],
+        # ended by Ctrl-C (playbooks/interrupted.yml says where: "interrupted at ...")
+        "interrupted": str(doc["ended_early"] or "").startswith("interrupted"),
         "outcome": None,
         # a run that ended before its report checked nothing it did not reach
         "green": bool(hosts) and n_green == len(hosts) and not doc["ended_early"],
@@ -928,9 +930,10 @@ def verdict(
             count = f"{len(items)} of {total} hosts" if not parts else str(len(items))
             parts.append(f"{count} {label} ({_names(items)})")
     if report.get("ended_early"):
-        interrupted = str(report["ended_early"]).startswith("interrupted")
         parts.append(
-            "the run was interrupted" if interrupted else "the run ended before its report"
+            "the run was interrupted"
+            if report.get("interrupted")
+            else "the run ended before its report"
         )
     prefix = "check mode, " if report["check_mode"] else ""
     return f"{strong('NOT GREEN')}: {prefix}{'; '.join(parts)}"

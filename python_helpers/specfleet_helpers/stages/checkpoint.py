@@ -527,10 +527,11 @@ def resume(save_path: Path) -> dict[str, Any]:
         return {"resumed_from": f"epoch {done[-1]}" if done else None, "epochs_done": done}
     epoch = done[-1] + 1 if done else 0
     previous = _read_json_object(save_path / str(epoch - 1) / "training_state.json") or {}
-    target = save_path / str(epoch)
-    interrupted.rename(target)
     state = {"epoch": epoch, "local_step": 1, "global_step": int(previous.get("global_step") or 0)}
-    (target / "training_state.json").write_text(json.dumps(state))
+    # The state first, then the rename: an epoch directory without it would read as a whole
+    # epoch to speculators, and a stop in between leaves `interrupted` for the next run.
+    files.write_json_atomic(interrupted / "training_state.json", state)
+    interrupted.rename(save_path / str(epoch))
     return {"resumed_from": f"the interrupted checkpoint, in epoch {epoch}", "epochs_done": done}
 
 
