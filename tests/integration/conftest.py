@@ -217,8 +217,10 @@ class MockNpuHost:
 
     @property
     def cann_env_files(self) -> list[str]:
-        """As roles/specfleet/defaults/main.yml lists them: the entrypoint's scripts and args."""
-        return [str(self.toolkit_env), str(self.ir_env), f"{self.atb_env} --cxx_abi=1"]
+        """As roles/specfleet/defaults/main.yml lists them: the entrypoint's scripts and args,
+        the IR script by its pattern (cann-*/)."""
+        ir = str(self.ir_env).replace("/cann-9.1.0/", "/cann-*/")
+        return [str(self.toolkit_env), ir, f"{self.atb_env} --cxx_abi=1"]
 
     @property
     def state_file(self) -> Path:

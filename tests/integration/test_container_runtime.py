@@ -403,7 +403,9 @@ def test_image_archive_is_pushed_and_loaded_once(tmp_path: Path) -> None:
     podman("tag", IMAGE, tag)
     try:
         podman("save", "--output", str(archive), tag)
-        podman("untag", tag)
+        # `untag IMAGE NAME`: without a NAME podman drops every name of the image, the shared
+        # test image's own too.
+        podman("untag", tag, tag)
         archive_host = ContainerHost(tmp_path / "host", image=tag)
         archive_host.tmp.mkdir()
         runner, _, _ = archive_host.play(specfleet_container_image_archive=str(archive))
@@ -430,7 +432,7 @@ def test_image_archive_is_pushed_and_loaded_once(tmp_path: Path) -> None:
                 podman("rm", "--force", name, check=False)
         # The loaded image is the shared test image under another name: drop the name only
         # (`rmi --force` would remove every container of that image, other tests' too).
-        podman("untag", tag, check=False)
+        podman("untag", tag, tag, check=False)
 
 
 def test_a_service_deployed_inside_comes_back_when_the_container_restarts(

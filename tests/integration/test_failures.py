@@ -721,7 +721,7 @@ def test_5_6_api_key_is_secret_and_enforced(complete: Pipeline):
     assert "requests without the API key refused (HTTP 401)" in run.text
     # ... and the server bound 127.0.0.1 (the default), as its recorded command line says.
     assert serve["inputs"]["host"] == "127.0.0.1"
-    vllm_log = (complete.root / "logs" / "serve.vllm.log").read_text(errors="replace")
+    vllm_log = (complete.root / "logs" / "serve.trained.vllm.log").read_text(errors="replace")
     command = json.loads(re.search(r"^==> command: (\[.*\])$", vllm_log, re.M).group(1))
     assert command[command.index("--host") + 1] == "127.0.0.1", command
     assert not any(arg.startswith("--api-key") for arg in command), command

@@ -226,12 +226,45 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
     assert lines(hidden, r"^--max-model-len ") == ["--max-model-len 8193 \\"]
     assert lines(hidden, r"^--max-num-batched-tokens ") == ["--max-num-batched-tokens 8193 \\"]
     assert lines(hidden, r"^--max-num-seqs ") == ["--max-num-seqs 256 \\"]
-    assert lines(hidden, r"^--gpu-memory-utilization ") == ["--gpu-memory-utilization 0.9 \\"]
+    # The memory settings follow the HBM npu-smi reports (recorded outputs, tests/golden/
+    # inventory.yml): an idle 910B4 (32 GB, 2871 MB held) cannot give the group's 0.9, and its
+    # context and batch are cut to fit; 64 GB A3 dies keep the defaults.
+    hidden_share, serve_args = {
+        "atlas-a2": ("0.88", ["--gpu-memory-utilization 0.85", "--max-model-len 8192",
+                              "--max-num-batched-tokens 4096", "--max-num-seqs 128"]),
+        "atlas-a3": ("0.9", ["--gpu-memory-utilization 0.85", "--max-num-batched-tokens 8192",
+                             "--max-num-seqs 256"]),
+        "ascend-950": ("0.9", ["--gpu-memory-utilization 0.85", "--max-num-batched-tokens 8192",
+                               "--max-num-seqs 256"]),
+    }[group]  # fmt: skip
+    assert lines(hidden, r"^--gpu-memory-utilization ") == [
+        f"--gpu-memory-utilization {hidden_share} \\"
+    ]
     serve = scripts["serve"]
     # the verifier's arguments are one bash array (VERIFIER_ARGS), one argument per line
-    assert lines(serve, r"^--max-num-batched-tokens ") == ["--max-num-batched-tokens 8192"]
-    assert lines(serve, r"^--max-num-seqs ") == ["--max-num-seqs 256"]
-    assert lines(serve, r"^--gpu-memory-utilization ") == ["--gpu-memory-utilization 0.85"]
+    assert (
+        lines(
+            serve, r"^--(gpu-memory-utilization|max-model-len|max-num-batched-tokens|max-num-seqs) "
+        )
+        == serve_args
+    )
+    # Before every vLLM start on npu: the wait for the memory a stopped server held, with the
+    # share that server asks for.
+    for stage, share in (("hidden_states", hidden_share), ("serve", "0.85")):
+        assert lines(scripts[stage], r"specfleet_helpers.host.npu_memory wait") == [
+            f'"$PY" -m specfleet_helpers.host.npu_memory wait --utilization {share} \\'
+        ], (group, stage)
+    # A reduced draft vocabulary only where the image's vllm-ascend keeps the draft's lm_head
+    # (the 950 host's MOCK image lacks the d2t gate, vllm-ascend #11374).
+    vocab = lines(train, r"--draft-vocab-size")
+    assert vocab == ([] if group == "ascend-950" else ["--draft-vocab-size 32000"]), (group, vocab)
+    # The measurement: the plain verifier, the trained draft and the yardstick, 3 rounds; each
+    # on a device of its own where the host has one per server (the runbook's one-card A2 host
+    # measures them one at a time).
+    assert "ARMS=(plain trained yardstick)" in serve and "ROUNDS=3" in serve
+    together = group != "atlas-a2"
+    assert ("plain) env=(--env ASCEND_RT_VISIBLE_DEVICES=1) ;;" in serve) is together, group
+    assert ('bench --round "$round" "$arm"' in serve) is not together, group
 
 
 def test_the_groups_scripts_differ(rendered: dict[str, dict[str, str]]) -> None:

@@ -524,10 +524,12 @@ def test_cann_environment_is_the_image_entrypoints(npu_host: MockNpuHost) -> Non
     assert checked, "the torch_npu check did not run"
     # argv [..., '/bin/bash', '-c', SCRIPT]: run where the stages run (on this host, no prefix)
     script = checked[0][-1] if isinstance(checked[0], list) else checked[0]
+    # Each entry resolved to its one file (the IR script's by its cann-*/ pattern), then sourced.
+    toolkit, ir, atb = (entry.split()[0] for entry in npu_host.cann_env_files)
     for line in (
-        f". {npu_host.toolkit_env}",
-        f". {npu_host.ir_env}",
-        f". {npu_host.atb_env} --cxx_abi=1",
+        f'_specfleet_cann_pick {toolkit} && . "$_specfleet_cann_file"\n',
+        f"_specfleet_cann_pick '{ir}' && . \"$_specfleet_cann_file\"\n",
+        f'_specfleet_cann_pick {atb} && . "$_specfleet_cann_file" --cxx_abi=1\n',
         "export LD_LIBRARY_PATH=/usr/local/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}",
     ):
         assert line in script, (line, script)

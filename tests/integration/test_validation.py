@@ -450,3 +450,50 @@ def test_f_service_left_serving_kept_by_a_no_op_back_after_a_kill_redeployed_on_
         assert retrained["healthy"] and retrained["restarts"] == 0
     finally:
         primed.play("f-stop-serving-end", playbook=REPO / "playbooks" / "stop-serving.yml")
+
+
+def zeroed_copy(draft: Path, out: Path) -> Path:
+    """A DFlash draft broken on purpose: the same files with every weight zeroed, so it
+    proposes one token whatever it is asked (the acceptance a draft whose lm_head is lost
+    shows, vllm-ascend #11374)."""
+    shutil.copytree(draft, out)
+    code = (
+        "import sys; from safetensors.torch import load_file, save_file;"
+        "p = sys.argv[1]; t = load_file(p);"
+        "save_file({k: v.zero_() for k, v in t.items()}, p, metadata={'format': 'pt'})"
+    )
+    for weights in out.glob("*.safetensors"):
+        subprocess.run([str(CPU_VENV / "bin" / "python"), "-c", code, str(weights)], check=True)
+    return out
+
+
+def test_g_floors_turn_a_broken_yardstick_red_naming_it_and_pass_the_trained_draft(
+    primed: Pipeline,
+):
+    """serve_floors on the CPU profile: the yardstick slot given a draft broken on purpose
+    (zeroed weights) falls below its floor, and the host goes red naming the figure, the floor
+    and the draft; the trained draft passes its own floor in the same run. Without the broken
+    draft the same floors are green."""
+    broken = zeroed_copy(
+        Path(primed.stamps()["train"]["artifacts"]["draft"]), primed.base / "broken-draft"
+    )
+    floors = {"yardstick.mean_acceptance_length": 1.2, "trained.mean_acceptance_length": 1.3}
+    run = primed.play(
+        "g-broken-yardstick", tags="serve", serve_floors=floors,
+        serve_yardstick_draft=str(broken), specfleet_force_stages=["serve"],
+    )  # fmt: skip
+    assert run.rc != 0, run.tail()
+    serve = stages_of(run)["serve"]
+    assert serve["status"] == "failed", serve
+    said = serve["error"] or serve["detail"]
+    assert (
+        f"the yardstick (the converted pretrained draft) ({broken}): mean acceptance length" in said
+    )
+    assert "is below its floor 1.2 (serve_floors, the cpu profile's)" in said, said
+    assert "the trained draft" not in said, said
+    # The figures are kept for the report even so: the trained draft passed, the yardstick not.
+    result = json.loads(Path(primed.stamps()["serve"]["artifacts"]["result"]).read_text())
+    assert result["bench"]["trained"]["mean_acceptance_length"] >= 1.3, result["bench"]["trained"]
+    green = primed.play("g-floors-green", tags="serve", serve_floors=floors)
+    assert green.rc == 0, green.tail()
+    assert green.fleet()["green"] is True, stages_of(green)

@@ -164,3 +164,93 @@ def test_cli_plan_passes_env_json_into_the_settings(monkeypatch, capsys) -> None
     container.main([*argv, '--env-json={"B": 2}'])
     assert seen["env"] == {"A": "1", "B": "2"}
     assert json.loads(capsys.readouterr().out) == {"action": "ok"}
+
+
+# -- podman's pids limit and SELinux: settings of their own ------------------------------------
+
+
+def test_podman_runs_without_its_2048_pids_limit() -> None:
+    """torchrun ranks x dataloader workers x threads pass podman's default of 2048."""
+    argv = container.run_argv(wanted(engine="podman"))
+    assert "--pids-limit=-1" in argv
+    assert argv.index("--pids-limit=-1") < argv.index(wanted().image)
+    # docker has no default limit: nothing to lift, and its settings (hash) stay as they were
+    docker = wanted(engine="docker")
+    assert not [a for a in container.run_argv(docker) if a.startswith("--pids-limit")]
+    assert "pids_limit" not in docker.settings()
+
+
+def test_a_podman_container_made_without_the_pids_limit_is_recreated_naming_it() -> None:
+    old = wanted(engine="docker")  # the same settings, minus the pids limit
+    plan = container.decide(inspected(old), wanted(engine="podman"), IMAGE_ID)
+    assert plan["action"] == "recreate"
+    assert 'pids_limit null -> "-1"' in plan["reason"], plan["reason"]
+
+
+def test_selinux_enforcing_turns_label_separation_off_and_relabels_nothing() -> None:
+    w = wanted(selinux_enforcing=True, mounts=["/srv/sf:/srv/sf", "/usr/local/dcmi:/d:ro"])
+    argv = container.run_argv(w)
+    assert "--security-opt=label=disable" in argv
+    # no :z/:Z: it would relabel the work root and the cache on the host, and must never
+    # touch system paths (the driver, dcmi, npu-smi)
+    volumes = [a for a in argv if a.startswith("--volume=")]
+    assert volumes == ["--volume=/srv/sf:/srv/sf", "--volume=/usr/local/dcmi:/d:ro"]
+    assert not [a for a in container.run_argv(wanted()) if a.startswith("--security-opt")]
+
+
+def test_selinux_turning_enforcing_recreates_naming_it() -> None:
+    old = wanted()
+    plan = container.decide(inspected(old), wanted(selinux_enforcing=True), IMAGE_ID)
+    assert plan["action"] == "recreate"
+    assert 'security_opt null -> ["label=disable"]' in plan["reason"], plan["reason"]
+    same = wanted(selinux_enforcing=True)
+    assert container.decide(inspected(same), same, IMAGE_ID)["action"] == "ok"
+
+
+def test_cli_passes_selinux_enforcing(monkeypatch, capsys) -> None:
+    seen = {}
+    monkeypatch.setattr(container, "plan", lambda w: seen.update(w=w) or {"action": "ok"})
+    container.main(["plan", "--engine=docker", "--name=x", "--image=i", "--selinux-enforcing"])
+    assert seen["w"].selinux_enforcing is True
+    assert "security_opt" in seen["w"].settings()
+
+
+# -- the engine `auto` means -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("installed", "holding", "engine", "said"),
+    [
+        # the image loaded into podman: docker would not see it (and would pull)
+        (["podman", "docker"], {"podman"}, "podman", "podman has the image"),
+        (["docker", "podman"], {"docker"}, "docker", "docker has the image"),
+        (["docker", "podman"], {"docker", "podman"}, "docker", "podman has it too"),
+        # nobody has it yet: docker, as vllm-ascend documents
+        (["podman", "docker"], set(), "docker", "the engine vllm-ascend documents"),
+        (["podman"], set(), "podman", "podman is the only engine installed"),
+        (["docker"], set(), "docker", "docker is installed"),
+        ([], set(), "", "neither docker nor podman is installed"),
+    ],
+)
+def test_choose_engine(installed, holding, engine, said) -> None:
+    asked = []
+
+    def has_image(e: str) -> bool:
+        asked.append(e)
+        return e in holding
+
+    choice = container.choose_engine(installed, "quay.io/ascend/vllm-ascend:v0.23.0", has_image)
+    assert choice["engine"] == engine, choice
+    assert said in choice["reason"], choice["reason"]
+    assert set(asked) == set(installed), "only installed engines are asked"
+
+
+def test_cli_engine_asks_each_installed_engine(monkeypatch, capsys) -> None:
+    asked = []
+    monkeypatch.setattr(
+        container, "engine_has_image", lambda e, image: asked.append((e, image)) or e == "podman"
+    )
+    container.main(["engine", "--image=img", "--installed=podman", "--installed=docker"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["engine"] == "podman"
+    assert sorted(asked) == [("docker", "img"), ("podman", "img")]

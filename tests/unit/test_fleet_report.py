@@ -863,58 +863,85 @@ def test_refused_stdin_input_is_kept_and_latest_stays(tmp_path, capsys, monkeypa
     assert os.readlink(reports / "latest") == "old"
 
 
-BENCH = {
-    "dflash": {
-        "date": "20261204-215300", "num_prompts": 32, "max_concurrency": 1, "completed": 32,
-        "failed": 0, "total_output_tokens": 1024, "output_throughput": 647.9, "mean_tpot_ms": 1.176,
-    },
-    "plain": {
-        "date": "20261204-205300", "num_prompts": 32, "max_concurrency": 1, "completed": 32,
-        "failed": 0, "total_output_tokens": 1024, "output_throughput": 315.6, "mean_tpot_ms": 2.934,
-        "source": "kept",
-    },
-    "acceptance_rate": 0.899,
-    "mean_acceptance_length": 5.495,
-    "per_position_acceptance": [0.926, 0.902, 0.897, 0.887, 0.882],
-    "speedup_output_throughput": 2.053,
-    "speedup_tpot": 2.495,
-}  # fmt: skip
+def measured_bench(tmp_path: Path) -> dict:
+    """A measurement as serve_bench.summarize makes it from the serve script's round files: 3
+    rounds, plain ~315 tok/s, the trained draft ~648, the yardstick ~950."""
+    from specfleet_helpers.stages import serve_bench
+
+    rounds = tmp_path / "bench"
+    rounds.mkdir()
+    speeds = {
+        "plain": (315.6, 300.0, 330.0),
+        "trained": (647.9, 640.0, 700.0),
+        "yardstick": (950.0, 900.0, 1000.0),
+    }
+    for arm, figures in speeds.items():
+        for n, speed in enumerate(figures, 1):
+            spec = (
+                {}
+                if arm == "plain"
+                else {
+                    "spec_decode_num_drafts": 100,
+                    "spec_decode_draft_tokens": 500,
+                    "spec_decode_accepted_tokens": 450 if arm == "trained" else 480,
+                    "spec_decode_per_position_acceptance_rates": [0.93, 0.9, 0.9, 0.89, 0.88],
+                }
+            )
+            serve_bench.result_path(rounds, arm, n).write_text(
+                json.dumps(
+                    {
+                        "date": f"20261204-21530{n}",
+                        "completed": 32,
+                        "failed": 0,
+                        "duration": 3.0,
+                        "output_throughput": speed,
+                        "mean_tpot_ms": 1000 / speed,
+                        **spec,
+                    }
+                )
+            )
+    return serve_bench.summarize(
+        rounds, 3, {"trained": "/srv/drafts/run1", "yardstick": "/srv/converted"}, "together"
+    )
 
 
 def test_the_measured_speedup_per_host(tmp_path):
-    """A host whose serve stage ran the benchmark shows its figures in the fleet table and in
-    its own section; one without (serve_bench off, or an older stamp) is left out of the table."""
+    """A host whose serve stage ran the benchmark shows the trained draft's and the yardstick's
+    figures side by side in the fleet table and in its own section, the speedup with its spread
+    over the rounds; one without (serve_bench off, or an older stamp) is left out of the table."""
     doc = green_fleet()
     serve = doc["hosts"]["a2-node1"]["state"]["stamps"]["serve"]
     serve["metrics"] = {
         **METRICS["serve"],
-        "acceptance_rate": 0.899,
-        "mean_acceptance_length": 5.495,
+        "acceptance_rate": 0.9,
+        "mean_acceptance_length": 5.5,
         "acceptance_measured_on": "bench",
-        "bench": BENCH,
+        "bench": measured_bench(tmp_path),
     }
     out = run(tmp_path, doc).out
     summary = {
         h["name"]: h["summary"] for h in json.loads((out / "fleet.json").read_text())["hosts"]
     }
     bench = summary["a2-node1"]["bench"]
-    assert bench["speedup_output_throughput"] == 2.053 and bench["plain_source"] == "kept"
-    assert bench["prompts"] == 32 and bench["output_tokens"] == 1024
+    assert bench["rounds"] == 3 and bench["servers"] == "together"
+    # the median of each round's ratio to the plain verifier of the same round
+    assert bench["trained"]["speedup"] == pytest.approx(700 / 330)
+    assert bench["trained"]["speedup_min"] == pytest.approx(647.9 / 315.6)
+    assert bench["trained"]["speedup_max"] == pytest.approx(640 / 300)
+    assert bench["yardstick"]["mean_acceptance_length"] == pytest.approx(5.8)
     assert summary["a3-node1"]["bench"] is None
     md = (out / "fleet.md").read_text()
     table = md.split("Speculative decoding, measured", 1)[1].split("\n\n", 2)[1]
     rows = [line for line in table.splitlines() if line.startswith("| a")]
     assert rows == [
-        "| a2-node1 | atlas-a2 | 89.9% | 5.50 | 93% / 90% / 90% / 89% / 88% | 647.9 / 315.6 "
-        "| 1.18 / 2.93 ms | 2.05x |"
-    ]
+        "| a2-node1 | atlas-a2 | trained | 90.0% | 5.50 | 93% / 90% / 90% / 89% / 88% "
+        "| 647.9 / 315.6 | 2.12x (2.05x-2.13x) | 3, together |",
+        "| a2-node1 | atlas-a2 | yardstick | 96.0% | 5.80 | 93% / 90% / 90% / 89% / 88% "
+        "| 950.0 / 315.6 | 3.01x (3.00x-3.03x) | 3, together |",
+    ], rows
     section = md.split("## a2-node1 (atlas-a2)", 1)[1].split("\n## ", 1)[0]
-    assert "- Acceptance rate: 89.9% (on the benchmark prompts)" in section
-    assert (
-        "- Measured speedup: 2.05x output tokens/s (647.9 with the draft, 315.6 plain,"
-        " plain measured 20261204-205300 and kept), 2.50x time per output token (1.18 / 2.93 ms);"
-        " 32 prompts, 1024 output tokens, 1 at a time"
-    ) in section
+    assert "- Acceptance rate: 90.0% (on the benchmark prompts)" in section
+    assert "- Measured, yardstick: speedup 3.01x output tokens/s (rounds 3.00x-3.03x;" in section
     # Without a benchmark on any host, no table.
     (tmp_path / "g").mkdir()
     plain = run(tmp_path / "g", green_fleet()).out

@@ -23,6 +23,7 @@ from specfleet_helpers.host.npu_smi import (
     parse_info,
     parse_info_m,
     soc_family,
+    soc_variant,
     soc_version_from_board,
     summarize,
 )
@@ -398,6 +399,8 @@ def test_950pr_layout_alarms_and_processes() -> None:
     ]
     assert summary["hbm_total_mb_per_chip"] == 131072
     assert summary["family"] == "ascend-950"
+    # The table's name says which 950 part it is (the -a5 image is built for 950DT).
+    assert summary["variant"] == "950PR"
 
 
 # ------------------------------------------------------------------------------------------
@@ -655,6 +658,41 @@ def test_soc_family(soc: str | int | None, name: str | None, dies: int, expected
     assert soc_family(soc, name, dies) == expected
 
 
+@pytest.mark.parametrize(
+    ("soc", "names", "expected"),
+    [
+        ("Ascend950PR_9579", [], "950PR"),
+        ("Ascend950DT_9582", ["Ascend950PR"], "950DT"),  # the board's SoC wins over the table
+        ("ascend950dt_9582", [], "950DT"),  # vllm-ascend's SOC_VERSION spelling
+        ("Ascend 950PR", [], "950PR"),
+        (260, ["Ascend950DT"], "950DT"),  # torch_npu's number does not say: the names do
+        ("260", ["Ascend950PR", "Ascend950PR"], "950PR"),
+        (None, ["Ascend950PR", "Ascend950DT"], None),  # a mixed table says nothing
+        (None, ["Ascend950PR", "Ascend950"], None),
+        (None, ["Ascend950"], None),
+        ("Ascend950", [], None),
+        (None, [], None),
+        ("Ascend910_9392", ["Ascend910"], None),
+        (None, ["910B4"], None),
+    ],
+)
+def test_soc_variant(soc: str | int | None, names: list[str], expected: str | None) -> None:
+    assert soc_variant(soc, names) == expected
+
+
+def test_summarize_variant_only_for_950() -> None:
+    a3 = info_of("a3_ascend910_2npu_4die_1proc_25.2.0.txt")
+    assert summarize(a3)["variant"] is None
+    assert summarize(a3, soc_version="Ascend950DT_9582")["variant"] == "950DT"
+    pr = info_of("950pr_3npu_2alarm_2proc_25.7.rc1.txt")
+    assert summarize(pr, soc_version=260)["variant"] == "950PR"
+    board = parse_board(read_fixture("950pr_info_t_board_i0_25.7.rc1.6_annotated.txt"))
+    assert (
+        summarize(pr, board={**board, "Chip Name": "Ascend950DT", "NPU Name": "9582"})["variant"]
+        == "950DT"
+    )
+
+
 def test_summarize_with_board_uses_soc_version() -> None:
     info = info_of("a3_ascend910_2npu_4die_1proc_25.2.0.txt")
     board = parse_board(read_fixture("a3_ascend910_9392_info_t_board_i0_c0_ABRIDGED.txt"))
@@ -733,6 +771,7 @@ def test_cli_board_input() -> None:
     summary = json.loads(result.stdout)
     assert summary["soc_version"] == "Ascend950PR_9579"
     assert summary["family"] == "ascend-950"
+    assert summary["variant"] == "950PR"
     assert summary["board"]["Main Board ID"] == "0x68(1P)"
     assert summary["processes"][0] == {
         "npu_id": 0,

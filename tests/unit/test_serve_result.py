@@ -195,19 +195,12 @@ def test_kept_outputs_are_taken_by_the_same_key_only(tmp_path):
     assert serve_result.last_json(out) == GREEDY
 
 
-def test_every_part_asked_for_must_be_kept(tmp_path):
-    """A reference kept without benchmark figures (serve_bench was off) does not stand in for
-    one with them: the plain server runs again and measures."""
-    kept_dir = tmp_path / "kept"
-    serve_result.keep_reference(kept_dir, "k1", {"greedy": write(tmp_path / "g.json", GREEDY)})
-    outs = {"greedy": tmp_path / "g_out.json", "bench": tmp_path / "b_out.json"}
-    assert serve_result.take_reference(kept_dir, "k1", outs) is None
-    assert not outs["greedy"].exists() and not outs["bench"].exists()
-    bench = tmp_path / "b.json"
-    bench.write_text(json.dumps(BENCH_PLAIN))  # as vllm bench serve saves it
-    serve_result.keep_reference(kept_dir, "k1", {"bench": bench})
-    assert len(serve_result.take_reference(kept_dir, "k1", outs)) == 2
-    assert json.loads(outs["bench"].read_text()) == BENCH_PLAIN
+def test_only_greedy_outputs_are_kept_never_benchmark_figures(tmp_path):
+    """A speedup is measured against the plain verifier of the same round: its benchmark
+    figures are not a part of the kept reference any more."""
+    assert set(serve_result.REFERENCE_PARTS) == {"greedy"}
+    with pytest.raises(ValueError, match="expected NAME=FILE with NAME one of greedy"):
+        serve_result._parts([f"bench={tmp_path / 'b.json'}"])
 
 
 def test_damaged_kept_outputs_are_dropped_not_taken(tmp_path):
@@ -220,13 +213,6 @@ def test_damaged_kept_outputs_are_dropped_not_taken(tmp_path):
         serve_result.keep_reference(
             kept_dir, "k1", {"greedy": write(tmp_path / "e.json", {"outputs": []})}
         )
-    with pytest.raises(ValueError, match="no vllm bench serve result"):
-        bench = tmp_path / "b.json"
-        bench.write_text(json.dumps({"x": 1}))
-        serve_result.keep_reference(kept_dir, "k1", {"bench": bench})
-    (kept_dir / "k1.bench.json").write_text('{"output_throughput": 3')  # cut short
-    assert serve_result.take_reference(kept_dir, "k1", {"bench": tmp_path / "b_out.json"}) is None
-    assert not (kept_dir / "k1.bench.json").exists()
 
 
 def reference_cli_args(tmp_path: Path) -> tuple[Path, list[str]]:
@@ -282,7 +268,7 @@ def test_combine_records_where_the_plain_outputs_came_from(tmp_path):
     assert serve_result.verify(out, 8, require_lossless=True)["lossless"] is True
 
 
-BENCH_DFLASH = {
+BENCH_DRAFT = {
     "date": "20261204-215300", "num_prompts": 4, "max_concurrency": 1, "completed": 4, "failed": 0,
     "total_output_tokens": 128, "output_throughput": 600.0, "mean_tpot_ms": 1.2,
     "spec_decode_acceptance_rate": 90.0, "spec_decode_acceptance_length": 5.5,
@@ -295,29 +281,61 @@ BENCH_PLAIN = {
     "date": "20261204-215329", "num_prompts": 4, "max_concurrency": 1, "completed": 4, "failed": 0,
     "total_output_tokens": 128, "output_throughput": 300.0, "mean_tpot_ms": 3.0,
 }  # fmt: skip
+# A broken draft: one token in 120 accepted.
+BENCH_BROKEN = {**BENCH_DRAFT, "output_throughput": 250.0, "mean_tpot_ms": 3.6,
+                "spec_decode_accepted_tokens": 1}  # fmt: skip
 
 
-def test_the_benchmark_gives_the_acceptance_and_the_speedup(tmp_path):
+def bench_rounds(directory: Path, plain=(300.0, 280.0, 320.0), drafts=None) -> Path:
+    """Round files as the serve script saves them: 3 rounds of each arm."""
+    from specfleet_helpers.stages import serve_bench
+
+    directory.mkdir()
+    drafts = drafts or {"trained": BENCH_DRAFT, "yardstick": BENCH_DRAFT}
+    for n, speed in enumerate(plain, 1):
+        serve_bench.result_path(directory, "plain", n).write_text(
+            json.dumps({**BENCH_PLAIN, "output_throughput": speed})
+        )
+        for arm, figures in drafts.items():
+            serve_bench.result_path(directory, arm, n).write_text(json.dumps(figures))
+    return directory
+
+
+def combined(tmp_path: Path, *extra: str, drafts=None) -> Path:
     chat, metrics = write(tmp_path / "chat.json", CHAT), write(tmp_path / "m.json", METRICS)
-    dflash = tmp_path / "bench_dflash.json"
-    dflash.write_text(json.dumps(BENCH_DFLASH))
-    plain = tmp_path / "bench_plain.json"
-    plain.write_text(json.dumps(BENCH_PLAIN))
+    rounds = bench_rounds(tmp_path / "bench", drafts=drafts)
     out = tmp_path / "result.json"
-    combined = run_cli(
-        "combine", "--chat", str(chat), "--metrics", str(metrics), "--bench-dflash", str(dflash),
-        "--bench-plain", str(plain), "--plain-source", "kept", "--out", str(out),
+    done = run_cli(
+        "combine", "--chat", str(chat), "--metrics", str(metrics), "--bench-dir", str(rounds),
+        "--bench-rounds", "3", "--draft", "trained=/srv/drafts/r1",
+        "--draft", "yardstick=/srv/converted", *extra, "--out", str(out),
     )  # fmt: skip
-    assert combined.returncode == 0, combined.stderr
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_the_measurement_gives_each_drafts_acceptance_and_speedup_per_round(tmp_path):
+    out = combined(tmp_path)
     bench = json.loads(out.read_text())["bench"]
-    assert bench["speedup_output_throughput"] == pytest.approx(2.0)
-    assert bench["speedup_tpot"] == pytest.approx(2.5)
-    assert bench["acceptance_rate"] == pytest.approx(0.9)  # vLLM's percent, as a fraction
-    assert bench["plain"]["source"] == "kept" and "generated_texts" not in bench["dflash"]
+    assert bench["rounds"] == 3 and bench["servers"] == "together"
+    assert bench["order"] == [
+        ["plain", "trained", "yardstick"], ["trained", "yardstick", "plain"],
+        ["yardstick", "plain", "trained"],
+    ]  # fmt: skip
+    trained = bench["trained"]
+    # each round against the plain verifier of that round: 600/300, 600/280, 600/320
+    assert trained["speedup"]["rounds"] == pytest.approx([2.0, 600 / 280, 600 / 320])
+    assert trained["speedup"]["median"] == pytest.approx(2.0)
+    assert trained["speedup"]["min"] == pytest.approx(1.875)
+    assert trained["acceptance_rate"] == pytest.approx(0.9)  # pooled over the rounds
+    assert trained["mean_acceptance_length"] == pytest.approx(5.5)
+    assert trained["draft"] == "/srv/drafts/r1"
+    assert bench["yardstick"]["draft"] == "/srv/converted"
     summary = serve_result.verify(out, 8, require_lossless=False, bench_prompts=4)
     assert summary["acceptance_measured_on"] == "bench"
     assert summary["acceptance_rate"] == pytest.approx(0.9)
-    assert summary["mean_acceptance_length"] == 5.5 and summary["num_drafts"] == 24
+    assert summary["mean_acceptance_length"] == pytest.approx(5.5)
+    assert summary["num_drafts"] == 72
     # Without the benchmark asked for, the acceptance is the checks' own.
     checks = serve_result.verify(out, 8, require_lossless=False)
     assert checks["acceptance_measured_on"] == "checks" and "bench" not in checks
@@ -326,26 +344,56 @@ def test_the_benchmark_gives_the_acceptance_and_the_speedup(tmp_path):
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
-        (lambda r: r.pop("bench"), "no dflash benchmark recorded"),
+        (lambda r: r.pop("bench"), "no benchmark recorded"),
         (
-            lambda r: r["bench"]["plain"].update(completed=3, failed=1),
-            "plain benchmark completed 3 of 4",
+            lambda r: r["bench"]["plain"].update(completed=[4, 3, 4], failed=[0, 1, 0]),
+            r"plain benchmark completed \[4, 3, 4\] of 4",
         ),
+        (lambda r: r["bench"].pop("trained"), "no trained benchmark recorded"),
     ],
 )
 def test_verify_requires_every_benchmark_request(tmp_path, change, problem):
-    chat, metrics = write(tmp_path / "chat.json", CHAT), write(tmp_path / "m.json", METRICS)
-    dflash, plain = tmp_path / "d.json", tmp_path / "p.json"
-    dflash.write_text(json.dumps(BENCH_DFLASH))
-    plain.write_text(json.dumps(BENCH_PLAIN))
-    out = tmp_path / "result.json"
-    result = serve_result.combine(
-        chat, metrics, None, None, out, bench_dflash=dflash, bench_plain=plain
-    )
+    out = combined(tmp_path)
+    result = json.loads(out.read_text())
     change(result)
     out.write_text(json.dumps(result))
     with pytest.raises(ValueError, match=problem):
         serve_result.verify(out, 8, require_lossless=False, bench_prompts=4)
+
+
+def test_a_figure_below_its_floor_fails_naming_figure_floor_and_draft(tmp_path):
+    """The yardstick broken on purpose (its lm_head gone: 1 token in 120 accepted) turns the
+    host red naming the figure, the floor and the draft; the trained draft passes its floor."""
+    from specfleet_helpers.stages import serve_bench
+
+    out = combined(tmp_path, drafts={"trained": BENCH_DRAFT, "yardstick": BENCH_BROKEN})
+    floors = [
+        serve_bench.parse_floor("trained.mean_acceptance_length=1.3"),
+        serve_bench.parse_floor("yardstick.mean_acceptance_length=2.5"),
+        serve_bench.parse_floor("yardstick.speedup=1.3"),
+    ]
+    with pytest.raises(ValueError) as failed:
+        serve_result.verify(
+            out, 8, require_lossless=False, bench_prompts=4, floors=floors,
+            floors_of="serve_floors, the atlas-a2 group's",
+        )  # fmt: skip
+    message = str(failed.value)
+    assert (
+        "the yardstick (the converted pretrained draft) (/srv/converted): mean acceptance length"
+        " 1.04 is below its floor 2.5 (serve_floors, the atlas-a2 group's)"
+    ) in message
+    assert "speedup over the plain verifier (output tokens/s) 0.833 (median of 3 rounds)" in message
+    assert "the trained draft" not in message
+    passed = serve_result.verify(out, 8, require_lossless=False, bench_prompts=4, floors=floors[:1])
+    assert passed["floors"]["checked"] == ["trained.mean_acceptance_length>=1.3"]
+    # through the CLI, as the stage verifier calls it
+    cli = run_cli(
+        "verify", "--result", str(out), "--max-tokens", "8", "--bench-prompts", "4",
+        "--floor", "yardstick.acceptance_rate=0.5", "--floors-of", "serve_floors",
+    )  # fmt: skip
+    assert cli.returncode == 1 and "acceptance rate 0.00833 is below its floor 0.5" in cli.stderr
+    bad = run_cli("verify", "--result", str(out), "--max-tokens", "8", "--floor", "yardstick.mal=3")
+    assert bad.returncode == 2 and "FIGURE one of mean_acceptance_length" in bad.stderr
 
 
 SERVICE = {

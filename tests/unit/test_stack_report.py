@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from procutil import HELPERS, run_helper
+from specfleet_helpers.checks import stack_report
 from specfleet_helpers.checks.stack_report import (
     check_expectations,
     constraints,
@@ -201,3 +202,24 @@ def test_cli_npu_reports_the_soc_and_the_visible_devices():
     assert report["npu_count"] == 2
     assert report["soc_version"] == 260
     assert report["soc_error"] is None
+
+
+VLLM_ASCEND = Path(__file__).parent.parent / "fixtures" / "vllm_ascend"
+
+
+@pytest.mark.parametrize(("release", "gate"), [("v0.23.0", "present"), ("v0.20.2rc1", "absent")])
+def test_the_dflash_lm_head_gate_is_read_from_the_installed_source(release, gate):
+    """vllm-ascend v0.23.0 keeps a reduced-vocabulary DFlash draft's lm_head (the d2t gate);
+    v0.20.2rc1 replaces it (issue #11374). Read within the function only: `propose` mentions
+    draft_id_to_target_id in both."""
+    found = stack_report.dflash_lm_head_gate(str(VLLM_ASCEND / release))
+    assert found["gate"] == gate, found
+    assert found["file"].endswith("spec_decode/llm_base_proposer.py")
+
+
+def test_the_gate_is_unknown_without_the_function_and_absent_package_said(tmp_path):
+    (tmp_path / "spec_decode").mkdir()
+    (tmp_path / "spec_decode" / "llm_base_proposer.py").write_text("def other():\n    pass\n")
+    assert stack_report.dflash_lm_head_gate(str(tmp_path))["gate"] == "unknown"
+    assert stack_report.dflash_lm_head_gate(None)["gate"] == "not_installed"
+    assert stack_report.vllm_ascend_dir() is None  # not on this machine

@@ -138,6 +138,64 @@ def npu_status() -> dict[str, Any]:
     }
 
 
+# Where vllm-ascend defines _maybe_share_lm_head (v0.21 and later: the base proposer).
+LM_HEAD_SOURCES = ("spec_decode/llm_base_proposer.py", "spec_decode/eagle_proposer.py")
+
+
+def _function_source(text: str, name: str) -> Optional[str]:
+    """The source of `def name(` up to the next def at the same or a lower indentation."""
+    lines = text.splitlines()
+    for start, line in enumerate(lines):
+        stripped = line.lstrip()
+        if stripped.startswith(f"def {name}("):
+            indent = len(line) - len(stripped)
+            body = [line]
+            for following in lines[start + 1 :]:
+                lead = len(following) - len(following.lstrip())
+                if following.strip() and lead <= indent and not following.lstrip().startswith(")"):
+                    break
+                body.append(following)
+            return "\n".join(body)
+    return None
+
+
+def dflash_lm_head_gate(package_dir: Optional[str]) -> dict[str, Any]:
+    """Whether the installed vllm-ascend keeps a reduced-vocabulary DFlash draft's own lm_head.
+
+    vllm-ascend's ``_maybe_share_lm_head`` replaces an EAGLE/DFlash draft's lm_head with the
+    verifier's unless the draft maps its vocabulary (``draft_id_to_target_id``, the d2t gate of
+    vllm-ascend PR #9795); a line without it (v0.20.2rc, vllm-ascend issue #11374) drops a
+    reduced-vocabulary draft's acceptance from ~25 % to ~1.7 %. Read from the installed source,
+    never imported (importing needs the NPU runtime). `gate`: present, absent, unknown (the
+    function was not found where expected), or not_installed."""
+    if not package_dir:
+        return {"gate": "not_installed", "file": None}
+    for relative in LM_HEAD_SOURCES:
+        path = f"{package_dir.rstrip('/')}/{relative}"
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                function = _function_source(handle.read(), "_maybe_share_lm_head")
+        except OSError:
+            continue
+        if function is not None:
+            gate = "present" if "draft_id_to_target_id" in function else "absent"
+            return {"gate": gate, "file": path}
+    return {"gate": "unknown", "file": None}
+
+
+def vllm_ascend_dir() -> Optional[str]:
+    """The installed vllm_ascend package's directory, found without importing it."""
+    import importlib.util  # noqa: PLC0415
+
+    try:
+        spec = importlib.util.find_spec("vllm_ascend")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return next(iter(spec.submodule_search_locations))
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m specfleet_helpers.checks.stack_report",
@@ -152,7 +210,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument(
         "--npu",
         action="store_true",
-        help="also import torch_npu: is_available, device count and SoC version",
+        help="also import torch_npu: is_available, device count and SoC version; and read from"
+        " vllm-ascend's source whether it keeps a reduced-vocabulary DFlash draft's lm_head",
     )
     parser.add_argument(
         "--constraints-out",
@@ -201,6 +260,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     }
     if args.npu:
         report.update(npu_status())
+        report["dflash_lm_head"] = dflash_lm_head_gate(vllm_ascend_dir())
     if args.constraints_out:
         lines = constraints(versions)
         with open(args.constraints_out, "w") as fh:

@@ -25,7 +25,9 @@ Formats handled:
 * ``npu-smi info -m``: the NPU ID / Chip ID / Chip Logic ID / Chip Name mapping.
 
 ``soc_family`` sorts a host into ``atlas-a2`` / ``atlas-a3`` / ``ascend-950`` / ``other``, the
-split that vllm-ascend makes. Run ``python -m specfleet_helpers.host.npu_smi --help`` for the
+split that vllm-ascend makes. ``soc_variant`` tells the two 950 parts apart (``950PR`` /
+``950DT``), which vllm-ascend does not: both are its A5, SoC 260, but its ``-a5`` image is built
+for 950DT only. Run ``python -m specfleet_helpers.host.npu_smi --help`` for the
 command line. The module uses only the standard library and runs on Python 3.9 or later.
 """
 
@@ -41,6 +43,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from specfleet_helpers.host import npu_memory
+
 __all__ = [
     "Chip",
     "NpuProcess",
@@ -53,6 +57,7 @@ __all__ = [
     "parse_info_m",
     "run_npu_smi",
     "soc_family",
+    "soc_variant",
     "soc_version_from_board",
     "summarize",
 ]
@@ -61,6 +66,10 @@ FAMILY_A2 = "atlas-a2"
 FAMILY_A3 = "atlas-a3"
 FAMILY_950 = "ascend-950"
 FAMILY_OTHER = "other"
+
+#: The two Ascend 950 parts (soc_variant).
+VARIANT_950PR = "950PR"
+VARIANT_950DT = "950DT"
 
 #: Exit codes of the command-line interface.
 EXIT_OK = 0
@@ -769,6 +778,32 @@ def soc_family(soc_version: str | int | None, chip_name: str | None, dies_per_np
     return FAMILY_OTHER
 
 
+# "Ascend950PR_9579", "ascend950dt_9582" (vllm-ascend's SOC_VERSION), "Ascend950PR", "Ascend 950DT".
+_VARIANT_RE = re.compile(r"950\s*(PR|DT)", re.IGNORECASE)
+_VARIANTS = {"PR": VARIANT_950PR, "DT": VARIANT_950DT}
+
+
+def soc_variant(soc_version: str | int | None, chip_names: Sequence[str] = ()) -> str | None:
+    """``950PR`` or ``950DT`` for an Ascend 950 host, else None.
+
+    vllm-ascend makes no difference between them (both are SoC 260, device type A5), but its
+    ``-a5`` image is built with ``SOC_VERSION=ascend950dt_9582`` and its documentation names
+    Atlas 950DT only, so a caller may want to say which part a host has. The SoC version
+    (``Ascend950PR_9579`` from the board query) decides; a number such as torch_npu's 260 does
+    not say, and then the chip names of ``npu-smi info`` (``Ascend950PR``) decide if they all
+    name the same part. None when neither says, or the names disagree.
+    """
+    if isinstance(soc_version, str):
+        match = _VARIANT_RE.search(soc_version)
+        if match:
+            return _VARIANTS[match.group(1).upper()]
+    found = {m.group(1).upper() for m in map(_VARIANT_RE.search, chip_names) if m}
+    unnamed = [name for name in chip_names if not _VARIANT_RE.search(name)]
+    if len(found) == 1 and not unnamed:
+        return _VARIANTS[found.pop()]
+    return None
+
+
 def soc_version_from_board(board: dict[str, str]) -> str | None:
     """Build the SoC version string from ``npu-smi info -t board`` fields.
 
@@ -786,6 +821,22 @@ def soc_version_from_board(board: dict[str, str]) -> str | None:
     if not _is_missing(chip_type) and not chip_name.lower().startswith(chip_type.lower()):
         return f"{chip_type}{chip_name}"
     return chip_name
+
+
+def _memory_plan(chips: list[Chip], processes: list[NpuProcess]) -> dict[str, Any] | None:
+    """npu_memory.plan over the idle chips (no process listed: a server left running, the
+    service of an earlier run, must not shrink what the next one may take); None when no chip
+    is idle or none reports HBM."""
+    busy = {(p.npu_id, p.chip_id) for p in processes} | {(p.npu_id, None) for p in processes}
+    rows = [
+        {"hbm_total_mb": c.hbm_total_mb, "hbm_used_mb": c.hbm_used_mb}
+        for c in chips
+        if (c.npu_id, c.chip_id) not in busy and (c.npu_id, None) not in busy
+    ]
+    try:
+        return npu_memory.plan(rows, 1.0)
+    except ValueError:
+        return None
 
 
 def _dies_per_npu(chips: list[Chip]) -> int:
@@ -806,6 +857,7 @@ def summarize(
     Health policy beyond that is left to the caller. ``family`` comes from ``soc_family``. The
     SoC version is ``soc_version`` if given, otherwise the one derived from ``board`` (parsed
     ``npu-smi info -t board`` output), otherwise there is none and the chip name decides.
+    ``variant`` is ``soc_variant``'s: ``950PR``, ``950DT`` or None.
 
     Each chip's ``logic_id`` is its position in the chip table (NPU order, then die order):
     the device number that ``ASCEND_RT_VISIBLE_DEVICES`` and torch use, and the ``Chip Logic
@@ -820,6 +872,7 @@ def summarize(
     families = {soc_family(soc, name, dies) for name in names} or {soc_family(soc, None, dies)}
     family = families.pop() if len(families) == 1 else FAMILY_OTHER
     hbm_totals = [chip.hbm_total_mb for chip in chips if chip.hbm_total_mb is not None]
+    variant = soc_variant(soc, names) if family == FAMILY_950 else None
     return {
         "npu_smi_version": info.npu_smi_version,
         "driver_version": info.driver_version,
@@ -853,11 +906,15 @@ def summarize(
             for logic_id, chip in enumerate(chips)
         ],
         "hbm_total_mb_per_chip": max(hbm_totals) if hbm_totals else None,
+        # What a vLLM server may take here (npu_memory.plan with no cap): the share each chip
+        # can give beside what it holds now, and the context and batch for its HBM.
+        "memory": _memory_plan(chips, info.processes),
         "process_count": len(info.processes),
         "processes": [asdict(process) for process in info.processes],
         "truncated": info.truncated,
         "soc_version": None if soc is None else str(soc),
         "family": family,
+        "variant": variant,
         "board": board,
     }
 

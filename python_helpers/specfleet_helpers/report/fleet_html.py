@@ -129,6 +129,7 @@ def measures(report: dict[str, Any]) -> dict[str, Any]:
     for h in report["hosts"]:
         summary = h.get("summary") or {}
         bench = summary.get("bench") or {}
+        yardstick = bench.get("yardstick") or {}
         hosts.append(
             {
                 "name": h["name"],
@@ -136,6 +137,8 @@ def measures(report: dict[str, Any]) -> dict[str, Any]:
                 "acceptance": summary.get("acceptance_rate"),
                 "mal": summary.get("mean_acceptance_length"),
                 "speedup": bench.get("speedup_output_throughput"),
+                "yardstick_mal": yardstick.get("mean_acceptance_length"),
+                "yardstick_speedup": yardstick.get("speedup"),
             }
         )
     groups = []
@@ -147,7 +150,13 @@ def measures(report: dict[str, Any]) -> dict[str, Any]:
                 "hosts": len(members),
                 **{
                     key: _mean([h[key] for h in members])
-                    for key in ("acceptance", "mal", "speedup")
+                    for key in (
+                        "acceptance",
+                        "mal",
+                        "speedup",
+                        "yardstick_mal",
+                        "yardstick_speedup",
+                    )
                 },
             }
         )

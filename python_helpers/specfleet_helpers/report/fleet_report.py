@@ -575,26 +575,56 @@ def host_summary(host: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def bench_summary(bench: Any) -> Optional[dict[str, Any]]:
-    """The measured speedup of a serve stamp's `bench` (serve_result.bench_figures), flat."""
-    if not isinstance(bench, dict):
+def _median(spread: Any) -> Any:
+    return spread.get("median") if isinstance(spread, dict) else None
+
+
+def draft_summary(measured: Any) -> Optional[dict[str, Any]]:
+    """One draft's figures of a measurement (serve_bench.summarize), flat: medians over the
+    rounds, the speedup's spread."""
+    if not isinstance(measured, dict):
         return None
-    dflash = bench.get("dflash") if isinstance(bench.get("dflash"), dict) else {}
-    plain = bench.get("plain") if isinstance(bench.get("plain"), dict) else {}
+    speedup = measured.get("speedup") if isinstance(measured.get("speedup"), dict) else {}
     return {
-        "prompts": dflash.get("num_prompts"),
-        "output_tokens": dflash.get("total_output_tokens"),
-        "concurrency": dflash.get("max_concurrency"),
-        "dflash_output_throughput": dflash.get("output_throughput"),
-        "plain_output_throughput": plain.get("output_throughput"),
-        "dflash_mean_tpot_ms": dflash.get("mean_tpot_ms"),
-        "plain_mean_tpot_ms": plain.get("mean_tpot_ms"),
-        "speedup_output_throughput": bench.get("speedup_output_throughput"),
-        "speedup_tpot": bench.get("speedup_tpot"),
-        "per_position_acceptance": bench.get("per_position_acceptance"),
-        "plain_source": plain.get("source"),
-        "measured": dflash.get("date"),
-        "plain_measured": plain.get("date"),
+        "draft": measured.get("draft"),
+        "acceptance_rate": measured.get("acceptance_rate"),
+        "mean_acceptance_length": measured.get("mean_acceptance_length"),
+        "per_position_acceptance": measured.get("per_position_acceptance"),
+        "output_throughput": _median(measured.get("output_throughput")),
+        "mean_tpot_ms": _median(measured.get("mean_tpot_ms")),
+        "speedup": speedup.get("median"),
+        "speedup_min": speedup.get("min"),
+        "speedup_max": speedup.get("max"),
+        "speedup_tpot": _median(measured.get("speedup_tpot")),
+    }
+
+
+def bench_summary(bench: Any) -> Optional[dict[str, Any]]:
+    """The measurement of a serve stamp's `bench` (serve_bench.summarize), for the report: the
+    plain verifier, the trained draft and the yardstick, side by side."""
+    if not isinstance(bench, dict) or not isinstance(bench.get("trained"), dict):
+        return None
+    plain = bench.get("plain") if isinstance(bench.get("plain"), dict) else {}
+    trained = draft_summary(bench.get("trained")) or {}
+    throughput = plain.get("output_throughput") if isinstance(plain, dict) else None
+    dates = plain.get("dates") if isinstance(plain.get("dates"), list) else []
+    return {
+        "rounds": bench.get("rounds"),
+        "servers": bench.get("servers"),
+        "plain_output_throughput": _median(throughput),
+        "plain_output_throughput_min": throughput.get("min")
+        if isinstance(throughput, dict)
+        else None,
+        "plain_output_throughput_max": throughput.get("max")
+        if isinstance(throughput, dict)
+        else None,
+        "plain_mean_tpot_ms": _median(plain.get("mean_tpot_ms")),
+        "trained": trained,
+        "yardstick": draft_summary(bench.get("yardstick")),
+        # the trained draft's, under the names the host table sorts by
+        "speedup_output_throughput": trained.get("speedup"),
+        "per_position_acceptance": trained.get("per_position_acceptance"),
+        "measured": dates[0] if dates else None,
     }
 
 
@@ -1009,7 +1039,11 @@ def render_markdown(report: dict[str, Any]) -> str:
     """fleet.md, from templates/fleet.md.j2."""
     measured = [h for h in report["hosts"] if (h.get("summary") or {}).get("bench")]
     return MARKDOWN.get_template("fleet.md.j2").render(
-        r=report, verdict=verdict(report), sources=source_lines(report), measured=measured
+        r=report,
+        verdict=verdict(report),
+        sources=source_lines(report),
+        measured=measured,
+        groups=fleet_html.measures(report)["groups"] if measured else [],
     )
 
 

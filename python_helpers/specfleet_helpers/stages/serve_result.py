@@ -6,7 +6,9 @@ greedy outputs with and without the draft). `combine` writes them as one result.
 (atomically); `verify` re-reads it and exits 1 unless the smoke completion finished by
 length with exactly max_tokens tokens, the draft proposed tokens (drafts > 0), with
 --require-api-key the server refused requests without its key (HTTP 401), and, when
-checked, the draft server's greedy tokens equal the plain verifier's. For serve_mode service
+checked, the draft server's greedy tokens equal the plain verifier's, with --bench-prompts every
+server of the measurement (serve_bench) answered every request of every round, and no figure is
+below its --floor (naming the figure, the floor and the draft). For serve_mode service
 (--service-name), `verify` also requires the deployed service to be what this result checked
 (the same launcher, unchanged), running and answering /health: a stopped, removed or
 hand-changed endpoint is redeployed by the next run.
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from specfleet_helpers import files
+from specfleet_helpers.stages import serve_bench
 
 
 def last_json(path: Path) -> dict[str, Any]:
@@ -69,14 +72,11 @@ def combine(
     auth: Optional[Path] = None,
     plain_source: str = "served",
     service: Optional[Path] = None,
-    bench_dflash: Optional[Path] = None,
-    bench_plain: Optional[Path] = None,
+    bench: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"chat": last_json(chat), "metrics": last_json(metrics)}
-    if bench_dflash is not None and bench_plain is not None:
-        result["bench"] = bench_figures(
-            _bench_figures(bench_dflash), _bench_figures(bench_plain), plain_source
-        )
+    if bench is not None:
+        result["bench"] = bench
     if auth is not None:
         result["auth"] = last_json(auth)
     if service is not None:
@@ -139,7 +139,7 @@ def service_problems(
 
 
 # Bumped when what a reference holds, or how it is keyed, changes: older ones are not taken.
-REFERENCE_FORMAT = 2
+REFERENCE_FORMAT = 3
 # Models stamp inputs that say nothing about the verifier's weights (the run ids of what the
 # models stage ran after, the stage script's own checksum).
 _NOT_ORIGIN = frozenset({"upstream", "script_sha256"})
@@ -178,16 +178,10 @@ def _greedy_outputs(path: Path) -> dict[str, Any]:
     return data
 
 
-def _bench_figures(path: Path) -> dict[str, Any]:
-    data = json.loads(path.read_text())
-    if not isinstance(data, dict) or not isinstance(data.get("output_throughput"), (int, float)):
-        raise ValueError(f"{path} holds no vllm bench serve result")
-    return data
-
-
-# What the plain verifier's reference is made of: its greedy outputs (the lossless check) and
-# its benchmark figures (the measured speedup), each kept in a file of its own.
-REFERENCE_PARTS = {"greedy": _greedy_outputs, "bench": _bench_figures}
+# What the plain verifier's reference is made of: its greedy outputs (the lossless check), in a
+# file of its own. Its benchmark figures are not kept: a speedup is measured against the plain
+# verifier of the same round (serve_bench), never against one measured in another run.
+REFERENCE_PARTS = {"greedy": _greedy_outputs}
 
 
 def take_reference(
@@ -229,59 +223,29 @@ def keep_reference(
     return kept
 
 
-# What result.json and the stamp keep of a `vllm bench serve` result (the rest is per request,
-# or the run's own bookkeeping).
-BENCH_KEYS = (
-    "date",
-    "num_prompts",
-    "max_concurrency",
-    "duration",
-    "completed",
-    "failed",
-    "total_input_tokens",
-    "total_output_tokens",
-    "request_throughput",
-    "output_throughput",
-    "mean_ttft_ms",
-    "median_ttft_ms",
-    "mean_tpot_ms",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "mean_itl_ms",
-    "spec_decode_acceptance_rate",
-    "spec_decode_acceptance_length",
-    "spec_decode_num_drafts",
-    "spec_decode_draft_tokens",
-    "spec_decode_accepted_tokens",
-    "spec_decode_per_position_acceptance_rates",
-)
-
-
-def bench_figures(
-    dflash: dict[str, Any], plain: dict[str, Any], plain_source: str
-) -> dict[str, Any]:
-    """The measured speedup: both runs' figures and the ratios (> 1 is faster with the draft).
-    vLLM reports the acceptance rate in percent; here it is a fraction like the checks'."""
-    shown_dflash = {k: dflash.get(k) for k in BENCH_KEYS}
-    shown_plain = {k: plain.get(k) for k in BENCH_KEYS if not k.startswith("spec_decode")}
-    shown_plain["source"] = plain_source
-
-    def ratio(a: Any, b: Any) -> Optional[float]:
-        ok = isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0
-        return a / b if ok else None
-
-    rate = dflash.get("spec_decode_acceptance_rate")
-    return {
-        "dflash": shown_dflash,
-        "plain": shown_plain,
-        "acceptance_rate": rate / 100.0 if isinstance(rate, (int, float)) else None,
-        "mean_acceptance_length": dflash.get("spec_decode_acceptance_length"),
-        "per_position_acceptance": dflash.get("spec_decode_per_position_acceptance_rates"),
-        "speedup_output_throughput": ratio(
-            dflash.get("output_throughput"), plain.get("output_throughput")
-        ),
-        "speedup_tpot": ratio(plain.get("mean_tpot_ms"), dflash.get("mean_tpot_ms")),
-    }
+def bench_problems(bench: Optional[dict[str, Any]], prompts: int) -> list[str]:
+    """Every server benchmarked in every round, each request completed."""
+    if not isinstance(bench, dict):
+        return ["no benchmark recorded"]
+    problems = []
+    for arm in serve_bench.ARMS:
+        figures = bench.get(arm)
+        if arm == "yardstick" and figures is None:
+            continue
+        if not isinstance(figures, dict):
+            problems.append(f"no {arm} benchmark recorded")
+            continue
+        completed, failed = figures.get("completed") or [], figures.get("failed") or []
+        if (
+            len(completed) != bench.get("rounds")
+            or any(c != prompts for c in completed)
+            or any(failed)
+        ):
+            problems.append(
+                f"the {arm} benchmark completed {completed} of {prompts} requests per round"
+                f" ({failed} failed)"
+            )
+    return problems
 
 
 def api_key_enforced(result: dict[str, Any]) -> bool:
@@ -299,6 +263,8 @@ def verify(
     run_dir: Optional[Path] = None,
     health_wait_s: float = 0.0,
     bench_prompts: int = 0,
+    floors: Optional[list[tuple[str, str, float]]] = None,
+    floors_of: str = "configured",
 ) -> dict[str, Any]:
     result = json.loads(result_path.read_text())
     chat, metrics = result["chat"], result["metrics"]
@@ -331,15 +297,8 @@ def verify(
             problems.append(f"greedy outputs differ with the draft for: {differing}")
     bench = result.get("bench")
     if bench_prompts:
-        for side in ("dflash", "plain"):
-            figures = (bench or {}).get(side) or {}
-            if figures.get("completed") != bench_prompts or figures.get("failed"):
-                problems.append(
-                    f"the {side} benchmark completed {figures.get('completed')} of {bench_prompts}"
-                    f" requests ({figures.get('failed')} failed)"
-                    if figures
-                    else f"no {side} benchmark recorded"
-                )
+        problems += bench_problems(bench, bench_prompts)
+    problems += serve_bench.floor_problems(bench, floors or [], floors_of)
     if problems:
         raise ValueError("; ".join(problems))
     summary = {
@@ -364,16 +323,21 @@ def verify(
         summary["lossless_prompts"] = result["lossless"]["prompts"]
     if bench_prompts and bench:
         # The acceptance people compare is the benchmark's: the same fixed prompts on every host.
-        dflash = bench["dflash"]
+        trained = bench["trained"]
         summary.update(
             acceptance_measured_on="bench",
-            acceptance_rate=bench["acceptance_rate"],
-            mean_acceptance_length=bench["mean_acceptance_length"],
-            num_drafts=dflash.get("spec_decode_num_drafts"),
-            num_draft_tokens=dflash.get("spec_decode_draft_tokens"),
-            num_accepted_tokens=dflash.get("spec_decode_accepted_tokens"),
+            acceptance_rate=trained["acceptance_rate"],
+            mean_acceptance_length=trained["mean_acceptance_length"],
+            num_drafts=trained["num_drafts"],
+            num_draft_tokens=trained["draft_tokens"],
+            num_accepted_tokens=trained["accepted_tokens"],
             bench=bench,
         )
+        if floors:
+            summary["floors"] = {
+                "of": floors_of,
+                "checked": [f"{arm}.{name}>={value:g}" for arm, name, value in floors],
+            }
     else:
         summary["acceptance_measured_on"] = "checks"
     return summary
@@ -389,6 +353,28 @@ def _parts(given: list[str]) -> dict[str, Path]:
             )
         parts[name] = Path(path)
     return parts
+
+
+def _floor(text: str) -> tuple[str, str, float]:
+    try:
+        return serve_bench.parse_floor(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _drafts(given: list[str]) -> dict[str, str]:
+    drafts = {}
+    for item in given:
+        arm, sep, path = item.partition("=")
+        if not sep or arm not in serve_bench.DRAFT_ARMS or not path:
+            raise ValueError(
+                f"--draft {item!r}: expected ARM=PATH with ARM one of"
+                f" {', '.join(serve_bench.DRAFT_ARMS)}"
+            )
+        drafts[arm] = path
+    if "trained" not in drafts:
+        raise ValueError("--bench-dir needs --draft trained=PATH")
+    return drafts
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -410,8 +396,25 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="whether --greedy-plain came from a plain server now or was kept from an earlier run",
     )
     c.add_argument("--service", type=Path, help="service status output (serve_mode service)")
-    c.add_argument("--bench-dflash", type=Path, help="vllm bench serve result, DFlash endpoint")
-    c.add_argument("--bench-plain", type=Path, help="vllm bench serve result, plain verifier")
+    c.add_argument(
+        "--bench-dir",
+        type=Path,
+        help="where the serve script saved each round's vllm bench serve results (serve_bench)",
+    )
+    c.add_argument("--bench-rounds", type=int, default=3, help="rounds measured")
+    c.add_argument(
+        "--bench-servers",
+        choices=serve_bench.SERVER_MODES,
+        default="together",
+        help="whether the servers ran all at once or one at a time",
+    )
+    c.add_argument(
+        "--draft",
+        action="append",
+        default=[],
+        metavar="ARM=PATH",
+        help=f"a draft benchmarked ({', '.join(serve_bench.DRAFT_ARMS)}) and where it is",
+    )
     c.add_argument("--out", type=Path, required=True)
     v = sub.add_parser("verify", help="exit 1 unless result.json shows a passing smoke test")
     v.add_argument("--result", type=Path, required=True)
@@ -436,7 +439,23 @@ def main(argv: Optional[list[str]] = None) -> int:
         "--bench-prompts",
         type=int,
         default=0,
-        help="require both benchmarks with every one of this many requests completed",
+        help="require every server benchmarked in every round, this many requests each completed",
+    )
+    v.add_argument(
+        "--floor",
+        action="append",
+        default=[],
+        type=_floor,
+        metavar="ARM.FIGURE=VALUE",
+        help=(
+            "fail when a draft's figure is below VALUE, e.g. yardstick.mean_acceptance_length=3"
+            f" (FIGURE: {', '.join(serve_bench.FLOOR_FIGURES)})"
+        ),
+    )
+    v.add_argument(
+        "--floors-of",
+        default="configured",
+        help="where the floors are set, named in the failure (e.g. the hardware group)",
     )
     for name, what in (
         (
@@ -497,8 +516,11 @@ def main(argv: Optional[list[str]] = None) -> int:
                 auth=args.auth,
                 plain_source=args.plain_source,
                 service=args.service,
-                bench_dflash=args.bench_dflash,
-                bench_plain=args.bench_plain,
+                bench=serve_bench.summarize(
+                    args.bench_dir, args.bench_rounds, _drafts(args.draft), args.bench_servers
+                )
+                if args.bench_dir is not None
+                else None,
             )
         else:
             out = verify(
@@ -510,6 +532,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                 args.run_dir,
                 args.health_wait_s,
                 args.bench_prompts,
+                args.floor,
+                args.floors_of,
             )
     except (OSError, ValueError, KeyError) as exc:
         print(f"serve result {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -7,7 +7,7 @@
 set -euo pipefail
 . /var/lib/specfleet/run/specfleet-env
 PY=/var/lib/specfleet/venv/bin/python
-SAVE=/var/lib/specfleet/train/checkpoints/60d17dc677ef
+SAVE=/var/lib/specfleet/train/checkpoints/c024f84c338d
 export TORCHDYNAMO_DISABLE=1
 # speculators logs metrics through rich: wide lines keep `val/loss_epoch=...` on one line.
 export COLUMNS=200
@@ -42,7 +42,7 @@ ARGS=(
   --hidden-states-path /var/lib/specfleet/hidden_states
   --hidden-states-dtype float32
   --save-path "$SAVE"
-  --draft-vocab-size 32000
+  # the verifier's whole vocabulary: this image's vllm-ascend would replace a reduced one's lm_head (vllm-ascend #11374)
   --epochs 1
   --lr 3e-4
   --block-size 8

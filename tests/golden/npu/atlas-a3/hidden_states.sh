@@ -25,6 +25,10 @@ server() {  # server start|wait|watch|hold|stop [ARGS...]
 # start_server [START OPTIONS...]: vLLM with the extract_hidden_states speculative config and
 # the hidden-states KV connector, writing into $DUMP.
 start_server() {
+  # vllm-ascend refuses to start while a device has less than total x utilisation free: wait,
+  # bounded, for the memory a server stopped a moment ago held (the devices are named if not).
+  "$PY" -m specfleet_helpers.host.npu_memory wait --utilization 0.9 \
+    --devices 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15 --timeout 180
   echo "==> start vLLM (extract_hidden_states, layers 2 18 34 + 36) on $HOST:$PORT"
   server start --log /var/lib/specfleet/logs/hidden_states.vllm.log --host "$HOST" --port "$PORT" "$@" -- \
     "$PY" -m vllm.entrypoints.cli.main serve /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B \
