@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -229,6 +230,20 @@ class MockNpuHost:
     @property
     def env_wrapper(self) -> Path:
         return self.root / "run" / "specfleet-env"
+
+    def wrapper_env(self, *command: str) -> dict[str, str]:
+        """Environment printed by `env` run through <root>/run/specfleet-env (or `command`),
+        from a clean environment."""
+        clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.tmp)}
+        out = subprocess.run(
+            [*command, "env"] if command else [str(self.env_wrapper), "env"],
+            env=clean,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
     def host_vars(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         """Inventory host variables; an override of None removes the variable."""

@@ -50,20 +50,6 @@ PATHS = yaml.safe_load(
 )
 
 
-def wrapper_env(npu_host: MockNpuHost, *command: str) -> dict[str, str]:
-    """Environment printed by `env` run through <root>/run/specfleet-env, from a clean env."""
-    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(npu_host.tmp)}
-    out = subprocess.run(
-        [*command, "env"] if command else [str(npu_host.env_wrapper), "env"],
-        env=clean,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
 def helpers_digest(npu_host: MockNpuHost) -> str:
     """sha256 of the helpers zip shipped to the host's work root."""
     zip_path = npu_host.root / "lib" / "specfleet_helpers.zip"
@@ -200,7 +186,7 @@ def test_a2_idle_host_passes_and_records_the_npu_environment(npu_host: MockNpuHo
 
     # The wrapper sources the CANN scripts (and defines ZSH_VERSION for ATB's); with `all` it
     # leaves ASCEND_RT_VISIBLE_DEVICES unset, never empty.
-    env = wrapper_env(npu_host)
+    env = npu_host.wrapper_env()
     assert env["ASCEND_TOOLKIT_HOME"] == str(npu_host.toolkit_home)
     assert env["MOCK_CANN_TOOLKIT_SOURCED"] == "1"
     assert env["ATB_HOME_PATH"] == str(npu_host.atb_home)
@@ -378,7 +364,7 @@ def test_one_device_of_eight_is_what_torch_is_compared_with(npu_host: MockNpuHos
     assert not result.failed, result.failure_messages() or result.stdout[-4000:]
     state = json.loads(npu_host.state_file.read_text())
     assert state["stack"]["npu_count"] == 1
-    assert wrapper_env(npu_host).get("ASCEND_RT_VISIBLE_DEVICES") == "0"
+    assert npu_host.wrapper_env().get("ASCEND_RT_VISIBLE_DEVICES") == "0"
     assert state["npu"]["device_count"] == 8
     assert state["npu"]["devices_setting"] == [0]
     assert state["npu"]["used_device_ids"] == [0]
@@ -501,7 +487,7 @@ def test_cann_environment_is_the_image_entrypoints(npu_host: MockNpuHost) -> Non
     result = npu_host.run(A2_IDLE, group="atlas-a2")
     assert not result.failed, result.failure_messages() or result.stdout[-4000:]
 
-    env = wrapper_env(npu_host)
+    env = npu_host.wrapper_env()
     assert env["MOCK_CANN_TOOLKIT_SOURCED"] == "1"
     assert env["MOCK_ASCENDNPU_IR_SOURCED"] == "1"
     assert env["PATH"].split(":")[0] == str(npu_host.ir_home / "bin")

@@ -14,8 +14,6 @@ tests/unit/test_specfleet_env.py.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,20 +33,6 @@ WARNING = (
     "Ascend 950PR: the -a5 image is built for 950DT (SOC_VERSION ascend950dt_9582); vllm-ascend"
     " documents 950DT only, 950PR is untested upstream (vllm-ascend #9354)"
 )
-
-
-def wrapper_env(npu_host: MockNpuHost) -> dict[str, str]:
-    """Environment printed by `env` run through <root>/run/specfleet-env, from a clean env."""
-    clean = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(npu_host.tmp)}
-    out = subprocess.run(
-        [str(npu_host.env_wrapper), "env"],
-        env=clean,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
 def second_cann(npu_host: MockNpuHost) -> Path:
@@ -76,7 +60,7 @@ def test_two_canns_the_toolkits_ir_is_checked_recorded_and_sourced(
         str(npu_host.atb_env),
     ]
     assert state["warnings"] == []
-    env = wrapper_env(npu_host)
+    env = npu_host.wrapper_env()
     assert env["MOCK_ASCENDNPU_IR_SOURCED"] == "1"  # 9.1.0's, not 8.5.0's
 
 

@@ -1112,3 +1112,24 @@ def test_a_failed_artifact_test_reads_as_its_own_message():
     )
     assert fleet_report.readable_failure(raw) == "the draft is not published"
     assert fleet_report.readable_failure("assert 1 == 2") == "assert 1 == 2"
+
+
+def test_npu_env_warnings_are_shown_in_the_hosts_section(tmp_path):
+    """What npu_env warned of although nothing failed (a 950PR host; an image whose vllm-ascend
+    replaces a reduced-vocabulary draft's lm_head) is in the report, not only in the run."""
+    warned = "Ascend 950PR: the -a5 image is built for 950DT (SOC_VERSION ascend950dt_9582)"
+    env = {
+        **NPU_ENV,
+        "warnings": [warned],
+        "stack": {**NPU_ENV.get("stack", {}), "dflash_lm_head": {"gate": "absent"}},
+    }
+    doc = document({"a950-node1": host("ascend-950", env=env), "a2-node1": host("atlas-a2")})
+    out = run(tmp_path, doc).out
+    summary = {
+        h["name"]: h["summary"] for h in json.loads((out / "fleet.json").read_text())["hosts"]
+    }
+    assert summary["a950-node1"]["warnings"] == [warned]
+    assert summary["a950-node1"]["dflash_lm_head_gate"] == "absent"
+    assert summary["a2-node1"]["warnings"] == []
+    section = (out / "fleet.md").read_text().split("## a950-node1 (ascend-950)", 1)[1]
+    assert f"- Warning: {warned}" in section.split("\n## ", 1)[0]

@@ -533,6 +533,10 @@ def host_summary(host: dict[str, Any]) -> dict[str, Any]:
     return {
         "profile": profile,
         "devices": _devices(env, profile),
+        # What npu_env warned of although nothing failed (a 950PR host, an image whose
+        # vllm-ascend replaces a reduced-vocabulary draft's lm_head), and that gate as read.
+        "warnings": [w for w in env.get("warnings") or [] if isinstance(w, str)],
+        "dflash_lm_head_gate": _get(env, "stack", "dflash_lm_head", "gate"),
         "versions": {
             "python": versions.get("python") or _get(env, "stack", "python"),
             "speculators": metric("speculators_install", "speculators_version")
