@@ -334,10 +334,12 @@ def test_serve_alone_on_a_fresh_root_names_the_missing_upstream_stages(
     run = finished(runs, "serve-only")
     assert run.rc not in (0, -1), run.tail()
     text = run.flat()
+    # convert too: the yardstick (serve_yardstick, on by default) is the converted draft.
     expected = (
         "serve needs speculators_install (the speculators environment), models (the verifier "
-        "and the draft), train (the trained draft): no stamps of them on localhost, and they "
-        "do not run in this play; run site.yml, or add --tags speculators_install,models,train"
+        "and the draft), train (the trained draft), convert (the converted draft): no stamps of "
+        "them on localhost, and they do not run in this play; run site.yml, or add --tags "
+        "speculators_install,models,train,convert"
     )
     assert expected in text, run.tail()
     # Before any work: no venv, no models, not even the serve script.
@@ -445,7 +447,18 @@ def test_every_stage_takes_its_upstream_from_the_one_declaration(tmp_path: Path)
     for stage, got in derive(tmp_path, plain).items():
         assert sorted(got["upstream"]) == sorted(STAGE_GRAPH[stage]["needs"]), (stage, got)
     # A stage whose upstream has no run id in this play is named missing.
-    got = derive(tmp_path, ["serve"], specfleet_stage_runs={"speculators_install": "x"})["serve"]
+    # (The play loads no stage role: serve's needs_if setting is given.)
+    got = derive(
+        tmp_path, ["serve"], specfleet_stage_runs={"speculators_install": "x"}, serve_yardstick=True
+    )["serve"]
+    assert got["missing"] == ["models", "train", "convert"], got
+    # Without the yardstick serve does not need the converted draft.
+    got = derive(
+        tmp_path,
+        ["serve"],
+        specfleet_stage_runs={"speculators_install": "x"},
+        serve_yardstick=False,
+    )["serve"]
     assert got["missing"] == ["models", "train"], got
 
 
