@@ -472,11 +472,11 @@ def test_g_floors_turn_a_broken_yardstick_red_naming_it_and_pass_the_trained_dra
 ):
     """serve_floors on the CPU profile: the yardstick slot given a draft broken on purpose
     (zeroed weights) falls below its floor, and the host goes red naming the figure, the floor
-    and the draft; the trained draft passes its own floor in the same run. Without the broken
-    draft the same floors are green."""
-    broken = zeroed_copy(
-        Path(primed.stamps()["train"]["artifacts"]["draft"]), primed.base / "broken-draft"
-    )
+    and the draft; the trained draft passes its own floor in the same run. The same floors with
+    a good draft in the yardstick slot (the trained one: the CPU profile's own yardstick, the
+    synthesized draft, is random) are green."""
+    trained = Path(primed.stamps()["train"]["artifacts"]["draft"])
+    broken = zeroed_copy(trained, primed.base / "broken-draft")
     floors = {"yardstick.mean_acceptance_length": 1.2, "trained.mean_acceptance_length": 1.3}
     run = primed.play(
         "g-broken-yardstick", tags="serve", serve_floors=floors,
@@ -494,6 +494,8 @@ def test_g_floors_turn_a_broken_yardstick_red_naming_it_and_pass_the_trained_dra
     # The figures are kept for the report even so: the trained draft passed, the yardstick not.
     result = json.loads(Path(primed.stamps()["serve"]["artifacts"]["result"]).read_text())
     assert result["bench"]["trained"]["mean_acceptance_length"] >= 1.3, result["bench"]["trained"]
-    green = primed.play("g-floors-green", tags="serve", serve_floors=floors)
+    green = primed.play(
+        "g-floors-green", tags="serve", serve_floors=floors, serve_yardstick_draft=str(trained)
+    )
     assert green.rc == 0, green.tail()
     assert green.fleet()["green"] is True, stages_of(green)

@@ -107,6 +107,29 @@ def test_a_failed_benchmark_names_the_server_the_round_and_the_log(tmp_path):
     assert "ConnectionError: server went away" in text and "bench_yardstick_r1.log" in text
 
 
+def test_a_server_that_died_is_an_error_not_a_figure(tmp_path):
+    """A dead server answers every request with an error at once; vLLM's client still saves a
+    result (0 completed, all failed): that is a failure naming the server and its log."""
+    fake = FakeBench()
+    dead = fake.main
+
+    def main(args):
+        result = dead(args)
+        if "trained" in args.result_filename:
+            result.update(completed=0, failed=4, output_throughput=0.0)
+        return result
+
+    with pytest.raises(RuntimeError) as failed:
+        serve_bench.run(
+            tmp_path, URLS, [1], ["--num-prompts", "4"], 3, (fake.parse, main),
+            server_logs={"trained": "/logs/serve.trained.vllm.log"},
+        )  # fmt: skip
+    assert "4 of 4 requests failed against the trained server (http://h:8000), round 1" in str(
+        failed.value
+    )
+    assert "its server's log, /logs/serve.trained.vllm.log" in str(failed.value)
+
+
 def test_a_missing_round_is_an_error_not_a_figure(tmp_path):
     fake = FakeBench()
     serve_bench.run(tmp_path, URLS, [1, 2], ["--num-prompts", "4"], 3, (fake.parse, fake.main))

@@ -268,10 +268,12 @@ def run(
     bench_argv: list[str],
     total_rounds: int,
     bench: Optional[tuple[Callable[[list[str]], argparse.Namespace], Callable[..., Any]]] = None,
+    server_logs: Optional[dict[str, str]] = None,
 ) -> list[dict[str, Any]]:
     """Benchmark every arm (name -> base URL) in each of `rounds`, the order rotated by the
     round; each result in DIR/bench_<arm>_r<round>.json, vLLM's output in .log beside it."""
     parse, main = bench or _vllm_bench()
+    server_logs = server_logs or {}
     directory.mkdir(parents=True, exist_ok=True)
     names = [arm for arm in ARMS if arm in arms]
     done = []
@@ -301,11 +303,20 @@ def run(
                     except Exception as exc:  # noqa: BLE001 - reported with the log's tail
                         print(f"{type(exc).__name__}: {exc}")
                         result = None
+            failed = None
             if not isinstance(result, dict) or not out.exists():
+                failed = "vllm bench serve failed"
+            elif result.get("failed") or not result.get("completed"):
+                # A server that died answers every request with an error at once: a figure
+                # measured on it is no figure.
+                sent = (result.get("completed") or 0) + (result.get("failed") or 0)
+                failed = f"{result.get('failed')} of {sent} requests failed"
+            if failed:
                 tail = log.read_text(errors="replace").splitlines()[-30:]
+                where = f" and its server's log, {server_logs[arm]}" if arm in server_logs else ""
                 raise RuntimeError(
-                    f"vllm bench serve failed against the {arm} server ({arms[arm]}), round"
-                    f" {number}: see {log}\n" + "\n".join(tail)
+                    f"{failed} against the {arm} server ({arms[arm]}), round {number}: see"
+                    f" {log}{where}\n" + "\n".join(tail)
                 )
             print(
                 f"    round {number}/{total_rounds} {arm:<9} {_summary_line(result)}"
@@ -340,6 +351,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="run only this round (repeat; servers one at a time run one round per call)",
     )
     r.add_argument(
+        "--server-log",
+        action="append",
+        default=[],
+        metavar="ARM=FILE",
+        help="the log of an arm's server, named when its benchmark fails",
+    )
+    r.add_argument(
         "bench_argv",
         nargs=argparse.REMAINDER,
         metavar="-- BENCH_ARG",
@@ -354,6 +372,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.round or list(range(1, args.rounds + 1)),
             bench_argv,
             args.rounds,
+            server_logs=dict(item.partition("=")[::2] for item in args.server_log),
         )
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"serve_bench {args.command}: {exc}", file=sys.stderr)

@@ -122,7 +122,9 @@ BENCH_ARGS=(--backend openai-chat --endpoint /v1/chat/completions --model Qwen/Q
 bench() {  # bench [--round N] ARM...: each ARM's results in $WORK.tmp/bench/bench_ARM_rN.json, its output beside it (.log)
   local -a rounds=() arms=()
   if [ "$1" = --round ]; then rounds=(--round "$2"); shift 2; fi
-  for arm in "$@"; do arms+=(--arm "$arm=http://$HOST:$(arm_port "$arm")"); done
+  for arm in "$@"; do
+    arms+=(--arm "$arm=http://$HOST:$(arm_port "$arm")" --server-log "$arm=$LOGS/serve.$arm.vllm.log")
+  done
   "$PY" -m specfleet_helpers.stages.serve_bench run --dir "$WORK.tmp/bench" \
     --rounds "$ROUNDS" "${rounds[@]}" "${arms[@]}" -- "${BENCH_ARGS[@]}"
 }
