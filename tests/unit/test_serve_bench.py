@@ -16,10 +16,14 @@ def test_rounds_rotate_the_order():
     arms = ["plain", "trained", "yardstick"]
     assert [serve_bench.round_order(arms, i) for i in range(4)] == [
         ["plain", "trained", "yardstick"],
-        ["trained", "yardstick", "plain"],
         ["yardstick", "plain", "trained"],
+        ["trained", "yardstick", "plain"],
         ["plain", "trained", "yardstick"],
     ]
+    # each round starts with the server the round before ended with (kept up in turn)
+    for i in range(1, 5):
+        assert serve_bench.round_order(arms, i)[0] == serve_bench.round_order(arms, i - 1)[-1]
+    assert serve_bench.round_order(["plain", "trained"], 1) == ["trained", "plain"]
 
 
 class FakeBench:
@@ -70,8 +74,8 @@ def test_run_benchmarks_every_arm_each_round_in_one_process(tmp_path, capsys):
     fake = FakeBench()
     serve_bench.run(tmp_path, URLS, [1, 2, 3], ["--num-prompts", "4"], 3, (fake.parse, fake.main))
     assert [arm for arm, _ in fake.calls] == [
-        "plain", "trained", "yardstick", "trained", "yardstick", "plain",
-        "yardstick", "plain", "trained",
+        "plain", "trained", "yardstick", "yardstick", "plain", "trained",
+        "trained", "yardstick", "plain",
     ]  # fmt: skip
     assert ("trained", "http://h:8000") in fake.calls
     shown = capsys.readouterr().out

@@ -5,7 +5,7 @@ Why alternately: a speedup compares two runs of ``vllm bench serve``, and a figu
 minutes away from its baseline measures whatever else the host did meanwhile (on the test
 fleet, a draft benchmarked while other stages loaded the shared cores showed 89.9 %
 acceptance and a 0.87x "speedup"). So every server is benchmarked once per round, the rounds
-rotate the order (plain, trained, yardstick; then trained, yardstick, plain; ...), and each
+rotate the order (plain, trained, yardstick; then yardstick, plain, trained; ...), and each
 round's speedup is taken against the plain verifier of the same round. The report shows the
 median over the rounds and their spread (lowest, highest): a wide spread says the host was
 not quiet, whatever the median.
@@ -73,9 +73,12 @@ ROUND_KEYS = (
 
 
 def round_order(arms: list[str], round_index: int) -> list[str]:
-    """The order of round `round_index` (0-based): the arms rotated by the round."""
+    """The order of round `round_index` (0-based): the arms rotated right by the round, so each
+    arm takes every place once in len(arms) rounds, and a round starts with the arm the round
+    before ended with: measured one server at a time, that server stays up across the two
+    rounds (len(arms) - 1 fewer server starts over the measurement)."""
     shift = round_index % len(arms)
-    return arms[shift:] + arms[:shift]
+    return arms[len(arms) - shift :] + arms[: len(arms) - shift]
 
 
 def result_path(directory: Path, arm: str, round_number: int) -> Path:

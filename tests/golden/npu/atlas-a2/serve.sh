@@ -122,19 +122,26 @@ bench() {  # bench [--round N] ARM...: each ARM's results in $WORK.tmp/bench/ben
   "$PY" -m specfleet_helpers.stages.serve_bench run --dir "$WORK.tmp/bench" \
     --rounds "$ROUNDS" "${rounds[@]}" "${arms[@]}" -- "${BENCH_ARGS[@]}"
 }
-measure() {  # the rounds; servers are stopped at the end unless named in KEEP
+measure() {  # the rounds; servers are stopped at the end unless together and named in KEEP
   local keep=${1:-} round i arm
   echo "==> measure: 16 prompts x 256 tokens, 1 at a time, greedy, against ${ARMS[*]}, $ROUNDS rounds"
+  local up=""
   for ((round = 1; round <= ROUNDS; round++)); do
     for ((i = 0; i < NARMS; i++)); do
-      arm=${ARMS[$(((i + round - 1) % NARMS))]}
-      wait_npu_memory
-      start_vllm "$arm"
-      wait_vllm "$arm" >/dev/null
+      # serve_bench.round_order: rotated right, so a round starts with the server the last
+      # round ended with, and it stays up
+      arm=${ARMS[$(((i - round + 1 + NARMS * ROUNDS) % NARMS))]}
+      if [ "$arm" != "$up" ]; then
+        [ -z "$up" ] || stop_vllm "$up"
+        wait_npu_memory
+        start_vllm "$arm"
+        wait_vllm "$arm" >/dev/null
+        up=$arm
+      fi
       bench --round "$round" "$arm"
-      stop_vllm "$arm"
     done
   done
+  stop_vllm "$up"
 }
 
 service() {  # service deploy|wait|status|stop [ARGS...]

@@ -128,7 +128,7 @@ bench() {  # bench [--round N] ARM...: each ARM's results in $WORK.tmp/bench/ben
   "$PY" -m specfleet_helpers.stages.serve_bench run --dir "$WORK.tmp/bench" \
     --rounds "$ROUNDS" "${rounds[@]}" "${arms[@]}" -- "${BENCH_ARGS[@]}"
 }
-measure() {  # the rounds; servers are stopped at the end unless named in KEEP
+measure() {  # the rounds; servers are stopped at the end unless together and named in KEEP
   local keep=${1:-} round i arm
   echo "==> measure: 16 prompts x 256 tokens, 1 at a time, greedy, against ${ARMS[*]}, $ROUNDS rounds"
   wait_npu_memory
