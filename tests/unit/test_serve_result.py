@@ -319,8 +319,8 @@ def test_the_measurement_gives_each_drafts_acceptance_and_speedup_per_round(tmp_
     bench = json.loads(out.read_text())["bench"]
     assert bench["rounds"] == 3 and bench["servers"] == "together"
     assert bench["order"] == [
-        ["plain", "trained", "yardstick"], ["trained", "yardstick", "plain"],
-        ["yardstick", "plain", "trained"],
+        ["plain", "trained", "yardstick"], ["yardstick", "plain", "trained"],
+        ["trained", "yardstick", "plain"],
     ]  # fmt: skip
     trained = bench["trained"]
     # each round against the plain verifier of that round: 600/300, 600/280, 600/320
