@@ -41,10 +41,9 @@ Returns redo, reason, pending, fingerprint, inputs (with script_sha256), script,
 stamp), checker, stage_runs / run_results (the play's specfleet_stage_runs and
 specfleet_run_results with this stage's entry) and metrics. It sets those two as facts, with
 stage_upstream and stage_outcome ({ran, metrics}), as set_fact would: a set_fact task of its
-own after every decision cost each stage a task on every run, no-op runs included. A stage
-that stays up to date also gets its declared `exposes` set as facts (templated with that
-stage_outcome; `exposed` names them): what its role set in a task of its own before. A stage
-that runs sets them when it ends (roles/stage/tasks/redo.yml, plugins/action/specfleet_facts.py).
+own after every decision cost each stage a task on every run, no-op runs included. A stage's
+outputs are not its decision's business: the session read them from the stamps, and a stage
+that runs publishes its new ones when it ends (plugins/filter/outputs.py).
 """
 
 from __future__ import annotations
@@ -293,19 +292,14 @@ class ActionModule(ActionBase):
             "stage_upstream": found,
             "stage_outcome": outcome,
         }
-        if not redo:
-            # A stage that runs exposes its facts when it ends (redo.yml).
-            exposed = self._exposed(declared.get("exposes"), outcome)
-            result["exposed"] = sorted(exposed)
-            facts.update(exposed)
         set_facts(self, facts)
         return result
 
     @staticmethod
     def _declared(stage: str, task_vars: Mapping[str, Any]) -> Mapping[str, Any]:
         """The stage's declaration as written (roles/specfleet/vars/main/stages.yml), not
-        templated: its preconditions are templated rule by rule, its exposes with the
-        decision's outcome. {} where there is none (a test's own stage)."""
+        templated: its preconditions are templated rule by rule. {} where there is none (a
+        test's own stage)."""
         declared = task_vars.get("specfleet_stages")
         entry = declared.get(stage) if isinstance(declared, Mapping) else None
         return entry if isinstance(entry, Mapping) else {}
@@ -358,19 +352,6 @@ class ActionModule(ActionBase):
         if "inputs" in names and done.get("inputs") is None:
             raise AnsibleActionFail("specfleet_stage_decide: missing option(s) inputs")
         return done
-
-    def _exposed(self, expose: Any, outcome: Mapping[str, Any]) -> dict[str, Any]:
-        """The stage's declared facts (its `exposes`), templated with this decision's
-        stage_outcome: what a stage that did not run gives its later stages."""
-        if expose is None:
-            return {}
-        scope = ChainMap({"stage_outcome": outcome}, self._templar.available_variables)
-        value = self._templar.copy_with_new_env(available_variables=scope).template(expose)
-        if not isinstance(value, Mapping):
-            raise AnsibleActionFail(
-                f"specfleet_stage_decide: exposes is a {type(value).__name__}, expected a mapping"
-            )
-        return dict(value)
 
     def _options(self) -> dict[str, Any]:
         args = dict(self._task.args)

@@ -1,7 +1,6 @@
 """Facts an action sets for its host as ansible.builtin.set_fact sets them: the play's facts,
 above role and play vars (not a module's ansible_facts, below them), without a set_fact task
-of their own after the action (plugins/action/specfleet_stage_decide.py, _stage_upstream.py,
-specfleet_facts.py)."""
+of their own after the action (plugins/action/specfleet_stage_decide.py, _stage_upstream.py)."""
 
 from __future__ import annotations
 

@@ -95,8 +95,8 @@ CHECKOUT_WATCHED = (
 )
 MAX_SETTLE_PLAYS = 3
 # --tags models still runs every role's argument-spec validation (Ansible tags it `always`);
-# train's templates train_target_layer_ids from specfleet_target_layer_ids, a fact only the
-# hidden_states stage sets, so it fails under any --tags that leaves hidden_states out.
+# train's templates train_target_layer_ids from specfleet_outputs.hidden_states.target_layer_ids,
+# which only the hidden_states stage gives, so it fails under any --tags that leaves it out.
 # Skipping train's tag skips that validation and nothing else of a models-only run.
 SKIP_TAGS = "train"
 # Wall time of every play of this module, printed at the end (pytest -s).

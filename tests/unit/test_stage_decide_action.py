@@ -165,8 +165,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 "name": "facts_after_up_to_date",
                 "ansible.builtin.debug": {
                     "msg": "{{ {'runs': specfleet_stage_runs, 'results': specfleet_run_results,"
-                    " 'outcome': stage_outcome, 'rows': specfleet_demo_rows,"
-                    " 'epochs': specfleet_demo_epochs} }}"
+                    " 'outcome': stage_outcome} }}"
                 },
             },
             # A refused precondition: its message, and nothing it guards is templated.
@@ -175,15 +174,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 {"vars": {"demo_layers": 2}},
                 inputs="{{ undefined_until_the_preconditions_hold }}",
             ),
-            {
-                "name": "set_facts",
-                "specfleet.ascend.specfleet_facts": {"facts": {"specfleet_set": {"a": [1]}}},
-            },
-            {"name": "facts_after_set_facts", "ansible.builtin.debug": {"var": "specfleet_set"}},
-            {
-                "name": "set_facts_bad_name",
-                "specfleet.ascend.specfleet_facts": {"facts": {"not a name": 1}},
-            },
             case("changed_input", inputs={"epochs": 2}),
             # Its upstream stages come first: the run ids are stage_upstream for the inputs.
             case(
@@ -228,7 +218,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "demo_layers": 4,
             "demo_epochs": 7,
             "demo_name": "it's",
-            # The stage's declaration: its preconditions and exposes are read as written.
+            # The stage's declaration: its preconditions are read as written.
             "specfleet_stages": {
                 "data": {"needs": [], "provides": "the dataset"},
                 "train": {
@@ -241,10 +231,6 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                             "vars": {"_layers": "{{ demo_layers }}"},
                         }
                     ],
-                    "exposes": {
-                        "specfleet_demo_rows": "{{ stage_outcome.metrics.rows }}",
-                        "specfleet_demo_epochs": "{{ demo_epochs | int }}",
-                    },
                 },
             },
         },
@@ -274,26 +260,12 @@ def test_an_up_to_date_stage_is_verified_on_the_host_and_skipped(run: dict[str, 
     facts = run["results"]["facts_after_up_to_date"]["msg"]
     assert facts["runs"] == r["stage_runs"] and facts["results"] == r["run_results"]
     assert facts["outcome"] == {"ran": False, "metrics": r["metrics"]}
-    # Its declared exposes, templated with this decision's outcome (the checker's rows).
-    assert r["exposed"] == ["specfleet_demo_epochs", "specfleet_demo_rows"]
-    assert facts["rows"] == 3 and facts["epochs"] == 7
 
 
 def test_a_refused_precondition_fails_the_stage_with_its_message(run: dict[str, Any]) -> None:
     r = run["results"]["precondition_refused"]
     assert r["failed"] is True and r["msg"] == "demo_layers is 2, expected at least 3"
     assert r["rule"] == "demo_layers >= 3" and "redo" not in r
-
-
-def test_a_stage_that_runs_exposes_nothing_with_its_decision(run: dict[str, Any]) -> None:
-    assert "exposed" not in run["results"]["changed_input"]
-
-
-def test_specfleet_facts_sets_named_facts_and_refuses_a_bad_name(run: dict[str, Any]) -> None:
-    assert run["results"]["set_facts"]["facts"] == ["specfleet_set"]
-    assert run["results"]["facts_after_set_facts"]["specfleet_set"] == {"a": [1]}
-    bad = run["results"]["set_facts_bad_name"]
-    assert bad["failed"] and "not a variable name: 'not a name'" in bad["msg"]
 
 
 def test_a_changed_input_redoes_the_stage_and_names_the_input(run: dict[str, Any]) -> None:

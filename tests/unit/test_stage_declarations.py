@@ -112,6 +112,38 @@ def stage_includes(path: Path) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.parametrize(
+    "stage", [name for name, entry in declarations().items() if entry.get("outputs")]
+)
+def test_a_stage_output_is_a_path_into_what_its_stamp_holds(stage: str) -> None:
+    """Each output names a declared input (on every host of a job: the follower's inputs too),
+    a declared artifact, or the verifier's metrics: a renamed input or artifact fails here, not
+    in a reader three stages later."""
+    declared = declarations()[stage]
+    for name, path in declared["outputs"].items():
+        part, _, key = path.partition(".")
+        assert part in {"inputs", "artifacts", "metrics"} and key, (name, path)
+        if part == "inputs":
+            assert key.split(".")[0] in declared["inputs"], (name, path)
+            if declared.get("job") == "leader":
+                assert key.split(".")[0] in declared["follower_inputs"], (name, path)
+        if part == "artifacts" and isinstance(declared["artifacts"], dict):
+            # (models' artifacts are its source's paths, a template: verifier and draft)
+            assert key in declared["artifacts"], (name, path)
+
+
+def test_every_output_read_is_declared() -> None:
+    """specfleet_outputs.<stage>.<name> anywhere in the roles names a declared output."""
+    declared = {stage: set(entry.get("outputs") or {}) for stage, entry in declarations().items()}
+    read = re.compile(r"specfleet_outputs\.(\w+)\.(\w+)")
+    found = 0
+    for path in [*ROLES.rglob("*.yml"), *ROLES.rglob("*.j2")]:
+        for stage, name in read.findall(path.read_text()):
+            found += 1
+            assert name in declared.get(stage, set()), f"{path}: specfleet_outputs.{stage}.{name}"
+    assert found > 20
+
+
 def test_no_stage_role_hands_the_contract_more_than_its_name() -> None:
     calls = 0
     for stage in declarations():
