@@ -1,17 +1,25 @@
-"""Filters for the roles' settings checks (roles/<role>/tasks/settings.yml).
+"""Filters for the roles' settings rules (roles/<role>/meta/rules.yml).
 
 The "each of these counts is at least N" rules the stage roles share (of plain settings:
 at_least, below_floor; of a dict setting's fields: fields_at_least), and the split of the
 training rows over the ranks that read them (split_for_ranks), checked up front by train's
-settings and against the prepared rows by hidden_states' declaration. The types and choices
-from meta/argument_specs.yml are checked by the specfleet_rules action itself.
+settings and against the prepared rows by hidden_states' declaration; and the rows of a data
+file on the controller (input_file_rows). The types and choices from meta/argument_specs.yml
+are checked by the specfleet_settings action itself.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+# The helpers beside the plugins (a checkout is the collection): run on the controller.
+PYTHON_HELPERS = Path(__file__).resolve().parents[2] / "python_helpers"
 
 
 def at_least(rules: Iterable[Sequence[Any]]) -> list[str]:
@@ -111,9 +119,32 @@ def split_for_ranks(rows: Any, ratio: Any, ranks: Any) -> str:
     )
 
 
+def input_file_rows(path: str, source: str) -> dict[str, Any]:
+    """{rc, rows, error}: every row of the data file `path` on the controller parsed and
+    checked by the helper the stage runs (chat_data for data_source file, prompt_set for
+    regenerate), so a malformed row is named with its line before any host work."""
+    module = (
+        ["specfleet_helpers.stages.chat_data", "--check-only"]
+        if source == "file"
+        else ["specfleet_helpers.stages.prompt_set", "check"]
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", *module, "--input", str(path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(PYTHON_HELPERS), "PYTHONDONTWRITEBYTECODE": "1"},
+        check=False,
+    )
+    rows = None
+    if done.returncode == 0:
+        rows = json.loads(done.stdout).get("rows")
+    return {"rc": done.returncode, "rows": rows, "error": done.stderr.strip()}
+
+
 class FilterModule:
     def filters(self) -> dict[str, Any]:
         return {
+            "input_file_rows": input_file_rows,
             "at_least": at_least,
             "below_floor": below_floor,
             "fields_at_least": fields_at_least,

@@ -2,9 +2,9 @@
 
 Each case is one real `ansible-playbook site.yml -i inventory/local.yml` (CPU profile, this
 machine) with one bad setting and a fresh work root under tmp_path. The run must fail in the
-provision play's first pre_task, in the settings check of the role the setting belongs to
-(roles/<role>/tasks/settings.yml); its error must name the variable, the value given and what
-was expected; and the work root must not exist afterwards, which proves no host work happened
+provision play's settings check, refused as the role's the setting belongs to (its
+meta/argument_specs.yml or meta/rules.yml); its error must name the variable, the value given
+and what was expected; and the work root must not exist afterwards, which proves no host work happened
 (the work root is the first thing a run creates).
 
   wrong type             train_epochs=abc
@@ -106,7 +106,7 @@ MALFORMED_DATA = REPO / "tests" / "fixtures" / "data" / "malformed-row.jsonl"
 class Case:
     id: str
     extravars: tuple[str, ...]  # -e arguments, as a user types them
-    role: str  # the role whose settings.yml must stop the run
+    role: str  # the role whose settings must stop the run
     expect: tuple[str, ...]  # in the error: the variable, the value given, what was expected
     # group_vars/all.yml beside a copy of inventory/local.yml, when set
     group_vars: Optional[dict[str, Any]] = None
@@ -516,7 +516,8 @@ def good_run(tmp: Path) -> Run:
             }
         ),
     )
-    return play(tmp, "check-good-settings", extravars, "--check")
+    # -v: the settings task's result lists every role it checked
+    return play(tmp, "check-good-settings", extravars, "--check", "-v")
 
 
 @pytest.fixture(scope="module")
@@ -585,9 +586,11 @@ def test_bad_input_stops_the_run_before_host_work(runs: dict[str, Future[Run]], 
 def test_check_mode_with_good_settings_creates_nothing(runs: dict[str, Future[Run]]) -> None:
     run = result(runs, CHECK_TEST)
     assert run.rc == 0, f"--check with good settings failed\n{run.tail()}"
+    header = "TASK [Check every stage's settings before any host work]"
+    assert run.stdout.count(header) == 1, f"the settings were not checked once\n{run.tail()}"
     for role in STAGE_ROLES:
-        header = f"TASK [{role} : Check the {role} settings: types, choices, ranges and cross-field"
-        assert header in run.stdout, f"{role}'s settings were not checked\n{run.tail()}"
+        checked = re.search(rf"^ +{role}: \d+ rules hold", run.stdout, re.M)
+        assert checked, f"{role}'s settings were not checked\n{run.tail()}"
     recap = re.search(rf"^{HOST}\s+:.*\bfailed=(\d+)", run.stdout, re.M)
     assert recap and recap.group(1) == "0", run.tail()
     assert not run.root.exists(), f"--check created the work root {run.root}\n{run.tail()}"

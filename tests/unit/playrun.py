@@ -30,10 +30,12 @@ def run_cases(
     play_vars: dict[str, Any] | None = None,
     interpreter: str | None = sys.executable,
     env: dict[str, str] | None = None,
+    roles: list[str] | None = None,
 ) -> PlayRun:
     """One play of `cases` (tasks, each with a unique name; run with ignore_errors), then
     every case's registered result, in the order given. `interpreter`: the host's
-    ansible_python_interpreter (None: Ansible discovers one); `env`: more of the environment."""
+    ansible_python_interpreter (None: Ansible discovers one); `env`: more of the environment;
+    `roles`: the play's roles (the repo's, e.g. specfleet for the fleet-wide defaults)."""
     out = work / "results.json"
     names = [case["name"] for case in cases]
     tasks = [{**case, "register": f"r_{i}", "ignore_errors": True} for i, case in enumerate(cases)]
@@ -44,7 +46,15 @@ def run_cases(
             "ansible.builtin.copy": {"dest": str(out), "content": "{{ {" + kept + "} | to_json }}"},
         }
     )
-    play = [{"hosts": "localhost", "gather_facts": False, "vars": play_vars or {}, "tasks": tasks}]
+    play = [
+        {
+            "hosts": "localhost",
+            "gather_facts": False,
+            "vars": play_vars or {},
+            "roles": roles or [],
+            "tasks": tasks,
+        }
+    ]
     (work / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     done = subprocess.run(
         [

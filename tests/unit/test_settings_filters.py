@@ -24,8 +24,26 @@ def test_every_filter_is_registered_under_the_specfleet_prefix() -> None:
         "at_least",
         "below_floor",
         "fields_at_least",
+        "input_file_rows",
         "split_for_ranks",
     }
+
+
+def test_a_data_file_is_read_row_by_row_on_the_controller(tmp_path: Path) -> None:
+    """input_file_rows runs the stage's own reader: the rows of a good file, the line of a bad
+    one."""
+    good = tmp_path / "good.jsonl"
+    chat = {
+        "conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    }
+    good.write_text("\n".join(json.dumps(chat) for _ in range(3)) + "\n")
+    assert filters.input_file_rows(str(good), "file") == {"rc": 0, "rows": 3, "error": ""}
+    bad = filters.input_file_rows(str(REPO / "tests/fixtures/data/malformed-row.jsonl"), "file")
+    assert (
+        bad["rc"] != 0
+        and bad["rows"] is None
+        and "malformed-row.jsonl:3: not valid JSON" in bad["error"]
+    )
 
 
 @pytest.mark.parametrize(

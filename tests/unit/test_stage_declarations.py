@@ -191,37 +191,24 @@ def test_every_call_of_an_internal_entry_point_matches_its_argument_spec() -> No
     assert calls >= 20, calls
 
 
-def specfleet_rules_tasks(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every specfleet_rules task's arguments, blocks walked."""
-    found = []
-    for task in tasks or []:
-        if "specfleet.ascend.specfleet_rules" in task:
-            found.append(task["specfleet.ascend.specfleet_rules"])
-        for key in ("block", "rescue", "always"):
-            found.extend(specfleet_rules_tasks(task.get(key)))
-    return found
-
-
 def test_the_plays_skip_only_the_spec_checks_the_settings_check_makes() -> None:
     """site.yml's plays import the stage roles with rolespec_validate: false because its first
-    play's settings check (playbooks/tasks/settings.yml: every declared stage's settings.yml, in
-    pipeline order) validates each role's main argument spec (specfleet_rules argument_spec:
-    main) before any host work. Each import that skips it must be of a role so checked."""
+    play's settings check (plugins/action/specfleet_settings.py, one task: every declared
+    stage's meta/argument_specs.yml `main` then its meta/rules.yml, in pipeline order)
+    validates each role's spec before any host work. Each import that skips it must be of a
+    role so checked."""
     provision = yaml.safe_load(PLAYBOOKS[0].read_text())[0]
     check = next(t for t in provision["pre_tasks"] if "settings" in t["name"])
-    assert check["ansible.builtin.import_tasks"] == "tasks/settings.yml"
-    names, *blocks = yaml.safe_load((PLAYBOOKS[0].parent / "tasks" / "settings.yml").read_text())
-    # First the names given (a setting no role declares), refused as the fleet-wide role's.
-    assert "specfleet.ascend.specfleet_setting_names" in names["block"][0], names
-    assert names["rescue"][0]["vars"] == {"_specfleet_settings_role": "specfleet"}, names
-    imported = [block["block"][0]["ansible.builtin.import_role"] for block in blocks]
-    assert [role["name"] for role in imported] == list(declarations()), imported
-    assert all(role["tasks_from"] == "settings.yml" for role in imported), imported
-    for block, role in zip(blocks, imported):
-        assert block["when"] == "specfleet_host_stopped is not defined", block["name"]
-        refused = block["rescue"][0]
-        assert refused["ansible.builtin.include_tasks"] == "settings_refused.yml"
-        assert refused["vars"] == {"_specfleet_settings_role": role["name"]}, block["name"]
+    assert check["specfleet.ascend.specfleet_settings"]["roles"] == (
+        "{{ specfleet_stages.keys() | list }}"
+    )
+    assert check["when"] == "specfleet_host_stopped is not defined"
+    for role in declarations():
+        specs = yaml.safe_load((ROLES / role / "meta" / "argument_specs.yml").read_text())
+        assert specs["argument_specs"]["main"]["options"], role
+        rules = yaml.safe_load((ROLES / role / "meta" / "rules.yml").read_text())
+        assert set(rules) <= {"vars", "rules", "facts", "note"} and rules["rules"], role
+    assert not list(ROLES.glob("*/tasks/settings.yml")), "settings live in meta/rules.yml"
     skipped = []
     for playbook in PLAYBOOKS:
         for play in yaml.safe_load(playbook.read_text()):
@@ -230,7 +217,3 @@ def test_the_plays_skip_only_the_spec_checks_the_settings_check_makes() -> None:
                 if imported and imported.get("rolespec_validate") is False:
                     skipped.append(imported["name"])
     assert set(skipped) == set(declarations()), skipped
-    for role in declarations():
-        settings = yaml.safe_load((ROLES / role / "tasks" / "settings.yml").read_text())
-        specs = [rules.get("argument_spec") for rules in specfleet_rules_tasks(settings)]
-        assert "main" in specs, f"roles/{role}/tasks/settings.yml does not check its main spec"
