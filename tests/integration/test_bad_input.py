@@ -4,8 +4,8 @@ Each case is one real `ansible-playbook site.yml -i inventory/local.yml` (CPU pr
 machine) with one bad setting and a fresh work root under tmp_path. The run must fail in the
 provision play's settings check, refused as the role's the setting belongs to (its
 meta/argument_specs.yml or meta/rules.yml); its error must name the variable, the value given
-and what was expected; and the work root must not exist afterwards, which proves no host work happened
-(the work root is the first thing a run creates).
+and what was expected; and the work root must not exist afterwards, which proves no host work
+happened (the work root is the first thing a run creates).
 
   wrong type             train_epochs=abc
   out of range           train_epochs=0
