@@ -325,6 +325,53 @@ def test_adopt_of_a_dead_server_starts_a_new_one(fakes):
     assert fake.wait().returncode == 0
 
 
+def test_the_npu_memory_wait_comes_after_the_stale_server_stopped_and_not_for_an_adopted_one(
+    fakes,
+):
+    """On an NPU host a start waits for the devices' memory: after it stopped a stale server of
+    its name (whose memory the wait would otherwise wait for in vain), never for one it adopts
+    (which holds the memory the stage needs); memory that stays short fails the start."""
+    fake = fakes()
+    seen: list[bool] = []
+
+    def wait_after_stale() -> dict:
+        seen.append(pid_alive(early))
+        return {"free": True, "waited_s": 0.0}
+
+    assert fake.start().returncode == 0
+    assert fake.wait().returncode == 0
+    early = json.loads(fake.state_file.read_text())["pid"]
+    adopted = vllm_server.start_server(
+        fake.name, fake.run_dir, fake.log, fake.port, fake.argv(), adopt=True,
+        npu_memory_wait=wait_after_stale,
+    )  # fmt: skip
+    assert adopted["adopted"] is True and seen == []
+    started = vllm_server.start_server(
+        fake.name, fake.run_dir, fake.log, fake.port, fake.argv(delay=0.1),
+        npu_memory_wait=wait_after_stale,
+    )  # fmt: skip
+    assert started["stopped_stale"] is True and seen == [False]
+    assert started["npu_memory"] == {"free": True, "waited_s": 0.0}
+
+    def short() -> dict:
+        raise ValueError("device 0: 30000 of 32768 MB used")
+
+    with pytest.raises(vllm_server.ServerError, match="not started: device 0: 30000"):
+        vllm_server.start_server(
+            "other", fake.run_dir, fake.log, fake.port + 1, fake.argv(), npu_memory_wait=short
+        )
+    assert not (fake.run_dir / "other.server.json").exists()
+
+
+def test_start_takes_the_npu_memory_options():
+    parser = vllm_server.build_parser()
+    args = parser.parse_args(
+        ["start", "--name=x", "--run-dir=r", "--log=l", "--port=1", "--npu-memory=0.85",
+         "--npu-devices=0,1", "--npu-memory-timeout=30", "--npu-devices=2"]
+    )  # fmt: skip
+    assert (args.npu_memory, args.npu_devices, args.npu_memory_timeout) == (0.85, {2}, 30.0)
+
+
 def test_hold_returns_once_the_server_is_gone(fakes):
     fake = fakes()
     assert cli("hold", "--name=none", f"--run-dir={fake.run_dir}").returncode == 0

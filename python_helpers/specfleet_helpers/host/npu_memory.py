@@ -115,7 +115,7 @@ def wait(
         sleep(POLL_S)
 
 
-def _chips(executable: str, source: Optional[str] = None) -> list[dict[str, Any]]:
+def read_chips(executable: str = "npu-smi", source: Optional[str] = None) -> list[dict[str, Any]]:
     """The chips of npu_smi's summary, from `npu-smi info` (or saved output). Run as its own
     process: npu_smi's summary carries plan(), so this module does not import it."""
     argv = [sys.executable, "-m", "specfleet_helpers.host.npu_smi", "--npu-smi", executable]
@@ -131,7 +131,7 @@ def _chips(executable: str, source: Optional[str] = None) -> list[dict[str, Any]
     return json.loads(done.stdout)["chips"]
 
 
-def _devices(text: str) -> Optional[set[int]]:
+def parse_devices(text: str) -> Optional[set[int]]:
     if text == "all":
         return None
     try:
@@ -155,7 +155,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     w = sub.add_parser("wait", help="wait until the devices have total x utilisation free")
     w.add_argument("--utilization", type=float, required=True, help="the server's share")
     w.add_argument(
-        "--devices", type=_devices, default=None, help="logical device ids (all: every device)"
+        "--devices", type=parse_devices, default=None, help="logical device ids (all: every device)"
     )
     w.add_argument("--timeout", type=float, required=True, help="seconds to wait at most")
     for sp in (p, w):
@@ -163,9 +163,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "plan":
-            out = plan(_chips(args.npu_smi, args.input), args.utilization)
+            out = plan(read_chips(args.npu_smi, args.input), args.utilization)
         else:
-            out = wait(args.utilization, args.devices, args.timeout, lambda: _chips(args.npu_smi))
+            out = wait(
+                args.utilization, args.devices, args.timeout, lambda: read_chips(args.npu_smi)
+            )
     except (ValueError, OSError, subprocess.SubprocessError) as exc:
         print(f"npu_memory {args.command}: {exc}", file=sys.stderr)
         return 1

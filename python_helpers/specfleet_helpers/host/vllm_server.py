@@ -52,10 +52,10 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from specfleet_helpers.files import tail_lines, write_json_atomic
-from specfleet_helpers.host import procs
+from specfleet_helpers.host import npu_memory, procs
 from specfleet_helpers.host.host_probe import port_free, port_owner
 from specfleet_helpers.host.procs import proc_stat, read_json
 
@@ -200,6 +200,7 @@ def start_server(
     env: Optional[dict[str, str]] = None,
     cwd: Optional[Path] = None,
     adopt: bool = False,
+    npu_memory_wait: Optional[Callable[[], dict[str, Any]]] = None,
 ) -> dict[str, Any]:
     """Start `argv` in the caller's process group, marked as this server, and record it;
     return at once.
@@ -207,8 +208,11 @@ def start_server(
     A server recorded under the same name that is still running (left by an interrupted
     run) is stopped first, unless `adopt` is set and it runs exactly this command on this
     host and port (started ahead of its stage): that one is kept, and reported as adopted.
+    Then, on an NPU host, `npu_memory_wait` (npu_memory.wait for the server's share) waits
+    until the devices have the memory free: after the stale server is stopped, whose memory
+    it would otherwise wait for in vain, and not for an adopted one, which holds it.
     Raises PortInUse if anything else holds the port, BadInput for an empty argv or a
-    missing executable.
+    missing executable, ValueError when the memory stays short.
     """
     if not argv:
         raise BadInput("no server command given (put it after --)")
@@ -236,6 +240,12 @@ def start_server(
         }
     if stale is not None:
         stopped_stale = stop_server(name, run_dir)["stopped"]
+    waited = None
+    if npu_memory_wait is not None:
+        try:
+            waited = npu_memory_wait()
+        except (ValueError, OSError, subprocess.SubprocessError) as exc:
+            raise ServerError(f"server '{name}' not started: {exc}") from exc
 
     if not port_free(host, port):
         raise PortInUse(_port_message(host, port))
@@ -287,6 +297,7 @@ def start_server(
         "port": port,
         "log": state["log"],
         "stopped_stale": stopped_stale,
+        **({"npu_memory": waited} if waited is not None else {}),
     }
 
 
@@ -584,6 +595,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep a live server recorded under --name that runs exactly this command on "
         "this host and port (one started ahead of its stage) instead of replacing it",
     )
+    p.add_argument(
+        "--npu-memory",
+        type=float,
+        metavar="SHARE",
+        help="on an NPU host: first wait until the devices have SHARE of their memory free "
+        "(vllm-ascend refuses to start below it), after a stale server was stopped",
+    )
+    p.add_argument(
+        "--npu-devices",
+        type=npu_memory.parse_devices,
+        default=None,
+        help="logical device ids the wait watches (all: every device; default all)",
+    )
+    p.add_argument(
+        "--npu-memory-timeout", type=float, default=180.0, help="seconds the wait takes at most"
+    )
 
     p = sub.add_parser(
         "wait",
@@ -673,6 +700,18 @@ def main(argv: Optional[list[str]] = None) -> int:
                 env=_parse_env(args.env),
                 cwd=args.cwd,
                 adopt=args.adopt,
+                npu_memory_wait=(
+                    (
+                        lambda: npu_memory.wait(
+                            args.npu_memory,
+                            args.npu_devices,
+                            args.npu_memory_timeout,
+                            npu_memory.read_chips,
+                        )
+                    )
+                    if args.npu_memory is not None
+                    else None
+                ),
             )
         elif args.command == "wait":
             try:

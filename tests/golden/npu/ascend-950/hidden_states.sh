@@ -15,22 +15,35 @@ HOST=127.0.0.1
 export TORCHDYNAMO_DISABLE=1
 # Every device the host (or the container's mounts) makes visible; never set it empty.
 unset ASCEND_RT_VISIBLE_DEVICES
-
-server() {  # server start|wait|watch|hold|stop [ARGS...]
-  local action=$1
-  shift
-  "$PY" -m specfleet_helpers.host.vllm_server "$action" --name hidden_states --run-dir "$RUN" "$@"
+vllm_server() {  # vllm_server NAME start|wait|watch|hold|stop [ARGS...]
+  local name=$1 action=$2
+  shift 2
+  "$PY" -m specfleet_helpers.host.vllm_server "$action" --name "$name" --run-dir "$RUN" "$@"
 }
+# NPU memory is not shared: an endpoint left serving (serve_mode service) holds the devices this
+# stage needs. It stops (its record kept); the serve stage deploys it again afterwards.
+# A stop that fails fails the script here, not later on devices still held.
+stop_endpoint() {
+  local stopped
+  stopped=$("$PY" -m specfleet_helpers.host.service stop --name serve --run-dir "$RUN" --keep)
+  case $stopped in
+    *'"stopped": true'*) echo "==> stopped the serving endpoint: it holds the NPUs this stage needs (the serve stage deploys it again)" ;;
+  esac
+}
+# vllm-ascend refuses to start while a device has less than total x utilisation free: a start
+# given --npu-memory SHARE "${NPU_MEMORY_WAIT[@]}" waits, bounded, for the memory a server
+# stopped a moment ago held (the devices are named if it stays short).
+NPU_MEMORY_WAIT=(--npu-devices 0,1,2,3,4,5,6,7 --npu-memory-timeout 180)
+wait_npu_memory() {  # wait_npu_memory SHARE: the same wait, for a start that is not vllm_server's (a service's deploy)
+  "$PY" -m specfleet_helpers.host.npu_memory wait --utilization "$1" --devices 0,1,2,3,4,5,6,7 --timeout 180
+}
+server() { vllm_server hidden_states "$@"; }  # server start|wait|watch|hold|stop [ARGS...]
 
 # start_server [START OPTIONS...]: vLLM with the extract_hidden_states speculative config and
 # the hidden-states KV connector, writing into $DUMP.
 start_server() {
-  # vllm-ascend refuses to start while a device has less than total x utilisation free: wait,
-  # bounded, for the memory a server stopped a moment ago held (the devices are named if not).
-  "$PY" -m specfleet_helpers.host.npu_memory wait --utilization 0.9 \
-    --devices 0,1,2,3,4,5,6,7 --timeout 180
   echo "==> start vLLM (extract_hidden_states, layers 2 18 34 + 36) on $HOST:$PORT"
-  server start --log /var/lib/specfleet/logs/hidden_states.vllm.log --host "$HOST" --port "$PORT" "$@" -- \
+  server start --log /var/lib/specfleet/logs/hidden_states.vllm.log --host "$HOST" --port "$PORT" "$@" --npu-memory 0.9 "${NPU_MEMORY_WAIT[@]}" -- \
     "$PY" -m vllm.entrypoints.cli.main serve /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B \
     --host "$HOST" --port "$PORT" \
     --speculative-config '{"method": "extract_hidden_states", "num_speculative_tokens": 1, "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 18, 34, 36]}}}' \
@@ -52,11 +65,7 @@ export COLUMNS=200
 # command is this one, and is then stopped here, also when this script fails. (Run by hand, a
 # server a failed run left behind is stopped by the next `server start` of the same name.)
 trap 'server stop >/dev/null 2>&1 || true' EXIT
-# NPU memory is not shared: an endpoint left serving (serve_mode service) holds the devices this
-# stage needs. It stops here (its record kept); the serve stage deploys it again afterwards.
-if "$PY" -m specfleet_helpers.host.service stop --name serve --run-dir /var/lib/specfleet/run --keep | grep -q '"stopped": true'; then
-  echo "==> stopped the serving endpoint: it holds the NPUs this stage needs (the serve stage deploys it again)"
-fi
+stop_endpoint
 rm -rf "$OUT.tmp"
 mkdir -p "$DUMP"
 find "$DUMP" -mindepth 1 -delete

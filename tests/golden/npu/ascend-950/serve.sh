@@ -20,7 +20,28 @@ URL="http://$HOST:$PORT"
 export TORCHDYNAMO_DISABLE=1
 # Every device the host (or the container's mounts) makes visible; never set it empty.
 unset ASCEND_RT_VISIBLE_DEVICES
-
+vllm_server() {  # vllm_server NAME start|wait|watch|hold|stop [ARGS...]
+  local name=$1 action=$2
+  shift 2
+  "$PY" -m specfleet_helpers.host.vllm_server "$action" --name "$name" --run-dir "$RUN" "$@"
+}
+# NPU memory is not shared: an endpoint left serving (serve_mode service) holds the devices this
+# stage needs. It stops (its record kept); the serve stage deploys it again afterwards.
+# A stop that fails fails the script here, not later on devices still held.
+stop_endpoint() {
+  local stopped
+  stopped=$("$PY" -m specfleet_helpers.host.service stop --name serve --run-dir "$RUN" --keep)
+  case $stopped in
+    *'"stopped": true'*) echo "==> stopped the serving endpoint: it holds the NPUs this stage needs (the serve stage deploys it again)" ;;
+  esac
+}
+# vllm-ascend refuses to start while a device has less than total x utilisation free: a start
+# given --npu-memory SHARE "${NPU_MEMORY_WAIT[@]}" waits, bounded, for the memory a server
+# stopped a moment ago held (the devices are named if it stays short).
+NPU_MEMORY_WAIT=(--npu-devices 0,1,2,3,4,5,6,7 --npu-memory-timeout 180)
+wait_npu_memory() {  # wait_npu_memory SHARE: the same wait, for a start that is not vllm_server's (a service's deploy)
+  "$PY" -m specfleet_helpers.host.npu_memory wait --utilization "$1" --devices 0,1,2,3,4,5,6,7 --timeout 180
+}
 check() { "$PY" -m specfleet_helpers.checks.serve_check "$@" --url "$URL"; }
 # The servers are this stage's: they run in the stage's process group, which the stage runner
 # ends when the script ends, fails, times out or is stopped. (Run by hand, a server a failed
@@ -47,9 +68,9 @@ fi
 VERIFIER_ARGS=(
   /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B
   --served-model-name Qwen/Qwen3-8B
-  --gpu-memory-utilization 0.85
   --max-num-batched-tokens 8192
   --max-num-seqs 256
+  --gpu-memory-utilization 0.85
   --enforce-eager
 )
 
@@ -69,18 +90,10 @@ arm_port() {
   esac
 }
 arm_name() { if [ "$1" = trained ]; then echo serve; else echo "serve-$1"; fi; }
-vllm_server() {  # vllm_server ARM start|wait|stop [ARGS...]
-  local name
-  name=$(arm_name "$1")
-  local action=$2
-  shift 2
-  "$PY" -m specfleet_helpers.host.vllm_server "$action" --name "$name" --run-dir "$RUN" "$@"
-}
-# vllm-ascend refuses to start while a device has less than total x utilisation free: wait,
-# bounded, until the memory a stopped server held is back (the devices are named if not).
-wait_npu_memory() {
-  "$PY" -m specfleet_helpers.host.npu_memory wait --utilization 0.85 \
-    --devices 0,1,2,3,4,5,6,7 --timeout 180
+arm_server() {  # arm_server ARM start|wait|stop [ARGS...]
+  local arm=$1
+  shift
+  vllm_server "$(arm_name "$arm")" "$@"
 }
 # start_vllm ARM: vllm serve the verifier for ARM on its port; wait_vllm ARM: until /health answers
 start_vllm() {
@@ -92,17 +105,19 @@ start_vllm() {
     yardstick) spec=(--speculative-config "$YARDSTICK_CONFIG") ;;
   esac
   local -a env=()
-  # Measured together: each arm on a device of its own.
+  # The start waits until its devices have the server's memory share free.
+  env=(--npu-memory 0.85 "${NPU_MEMORY_WAIT[@]}")
+  # Measured together: each arm on a device of its own, and its wait on that device only.
   case $arm in
-    trained) env=(--env ASCEND_RT_VISIBLE_DEVICES=0) ;;
-    plain) env=(--env ASCEND_RT_VISIBLE_DEVICES=1) ;;
-    yardstick) env=(--env ASCEND_RT_VISIBLE_DEVICES=2) ;;
+    trained) env+=(--env ASCEND_RT_VISIBLE_DEVICES=0 --npu-devices 0) ;;
+    plain) env+=(--env ASCEND_RT_VISIBLE_DEVICES=1 --npu-devices 1) ;;
+    yardstick) env+=(--env ASCEND_RT_VISIBLE_DEVICES=2 --npu-devices 2) ;;
   esac
-  vllm_server "$arm" start --log "$LOGS/serve.$arm.vllm.log" --host "$HOST" --port "$port" "${env[@]}" -- \
+  arm_server "$arm" start --log "$LOGS/serve.$arm.vllm.log" --host "$HOST" --port "$port" "${env[@]}" -- \
     "$PY" -m vllm.entrypoints.cli.main serve "${VERIFIER_ARGS[@]}" --host "$HOST" --port "$port" "${spec[@]}"
 }
-wait_vllm() { vllm_server "$1" wait --timeout 900; }
-stop_vllm() { vllm_server "$1" stop >/dev/null; }
+wait_vllm() { arm_server "$1" wait --timeout 900; }
+stop_vllm() { arm_server "$1" stop >/dev/null; }
 
 # The measurement: vLLM's own benchmark client, the same fixed prompts (specfleet's benchmark
 # prompts, never trained on) against every arm, round after round, the order rotated each
@@ -131,7 +146,6 @@ bench() {  # bench [--round N] ARM...: each ARM's results in $WORK.tmp/bench/ben
 measure() {  # the rounds; servers are stopped at the end unless together and named in KEEP
   local keep=${1:-} round i arm
   echo "==> measure: 16 prompts x 256 tokens, 1 at a time, greedy, against ${ARMS[*]}, $ROUNDS rounds"
-  wait_npu_memory
   for arm in "${ARMS[@]}"; do start_vllm "$arm"; done
   for arm in "${ARMS[@]}"; do wait_vllm "$arm" >/dev/null; done
   bench "${ARMS[@]}"
@@ -189,6 +203,9 @@ rollback() {
   if [ -f "$PREVIOUS" ]; then
     echo "==> the checks failed: back to the draft served before"
     mv "$PREVIOUS" "$LAUNCHER"
+    # the failed endpoint's memory first, as before any start
+    service stop >/dev/null || true
+    wait_npu_memory 0.85 || true
     deploy "$LAUNCHER" >/dev/null && echo "==> serving the previous draft again" && return
   fi
   echo "==> the checks failed: stopping the service"
@@ -199,7 +216,7 @@ trap 'status=$?; if [ $status -ne 0 ]; then rollback; fi' EXIT
 # verifier each): the endpoint is down while it runs, then redeployed.
 service stop >/dev/null
 measure
-wait_npu_memory
+wait_npu_memory 0.85
 deploy "$LAUNCHER"
 echo "==> chat completion: Hello (max_tokens 8)"
 check chat --model Qwen/Qwen3-8B --prompt Hello \

@@ -9,15 +9,22 @@ set -euo pipefail
 PY=python3
 SAVE=/var/lib/specfleet/train/checkpoints/60d17dc677ef
 export TORCHDYNAMO_DISABLE=1
+export ASCEND_RT_VISIBLE_DEVICES=0
 # speculators logs metrics through rich: wide lines keep `val/loss_epoch=...` on one line.
 export COLUMNS=200
 export ASCEND_LAUNCH_BLOCKING=1
-export ASCEND_RT_VISIBLE_DEVICES=0
+RUN=/var/lib/specfleet/run
 # NPU memory is not shared: an endpoint left serving (serve_mode service) holds the devices this
-# stage needs. It stops here (its record kept); the serve stage deploys it again afterwards.
-if "$PY" -m specfleet_helpers.host.service stop --name serve --run-dir /var/lib/specfleet/run --keep | grep -q '"stopped": true'; then
-  echo "==> stopped the serving endpoint: it holds the NPUs this stage needs (the serve stage deploys it again)"
-fi
+# stage needs. It stops (its record kept); the serve stage deploys it again afterwards.
+# A stop that fails fails the script here, not later on devices still held.
+stop_endpoint() {
+  local stopped
+  stopped=$("$PY" -m specfleet_helpers.host.service stop --name serve --run-dir "$RUN" --keep)
+  case $stopped in
+    *'"stopped": true'*) echo "==> stopped the serving endpoint: it holds the NPUs this stage needs (the serve stage deploys it again)" ;;
+  esac
+}
+stop_endpoint
 mkdir -p /var/lib/specfleet/train/checkpoints
 # Checkpoints of other input sets are stale; this set's own are kept so a re-run resumes.
 find /var/lib/specfleet/train/checkpoints -mindepth 1 -maxdepth 1 ! -path "$SAVE" -exec rm -rf {} +

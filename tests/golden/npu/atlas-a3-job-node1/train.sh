@@ -9,16 +9,23 @@ set -euo pipefail
 PY=/var/lib/specfleet/venv/bin/python
 SAVE=/mnt/nfs/specfleet/a3-pair/train/checkpoints/ec18d1cd1958
 export TORCHDYNAMO_DISABLE=1
+# Every device the host (or the container's mounts) makes visible; never set it empty.
+unset ASCEND_RT_VISIBLE_DEVICES
 # speculators logs metrics through rich: wide lines keep `val/loss_epoch=...` on one line.
 export COLUMNS=200
 export ASCEND_LAUNCH_BLOCKING=1
-# Every device the host (or the container's mounts) makes visible; never set it empty.
-unset ASCEND_RT_VISIBLE_DEVICES
+RUN=/var/lib/specfleet/run
 # NPU memory is not shared: an endpoint left serving (serve_mode service) holds the devices this
-# stage needs. It stops here (its record kept); the serve stage deploys it again afterwards.
-if "$PY" -m specfleet_helpers.host.service stop --name serve --run-dir /var/lib/specfleet/run --keep | grep -q '"stopped": true'; then
-  echo "==> stopped the serving endpoint: it holds the NPUs this stage needs (the serve stage deploys it again)"
-fi
+# stage needs. It stops (its record kept); the serve stage deploys it again afterwards.
+# A stop that fails fails the script here, not later on devices still held.
+stop_endpoint() {
+  local stopped
+  stopped=$("$PY" -m specfleet_helpers.host.service stop --name serve --run-dir "$RUN" --keep)
+  case $stopped in
+    *'"stopped": true'*) echo "==> stopped the serving endpoint: it holds the NPUs this stage needs (the serve stage deploys it again)" ;;
+  esac
+}
+stop_endpoint
 # Host 0 of job a3-pair: 2 hosts x 16 ranks, one torchrun world of 32 ranks. The
 # checkpoints are on the job's shared storage: rank 0 writes them, every rank resumes from them.
 # The collectives go over enp189s0f0 (192.168.100.11); a lost peer fails them within
