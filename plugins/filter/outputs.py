@@ -9,10 +9,11 @@ stamp (the JSON stage_verify publishes: inputs, artifacts, metrics, run_id):
         verifier_config: metrics.verifier
 
 Every reader finds them in one fact per host, `specfleet_outputs`, keyed by stage
-(`specfleet_outputs.models.verifier`), set in two places only, both with these filters: when the
-session reads the stamps earlier runs left (roles/session/tasks/stamps.yml: stamps_outputs), and
-when a stage that ran publishes its new stamp (roles/stage/tasks/finish.yml: stage_outputs). A
-stage that is up to date keeps what its stamp gave at the session's start.
+(`specfleet_outputs.models.verifier`), set in two places only, both with these filters: when
+the session reads the stamps earlier runs left (plugins/action/specfleet_session.py:
+stamps_outputs), and when a stage that ran publishes its new stamp (roles/stage/tasks/
+finish.yml: stage_outputs). A stage that is up to date keeps what its stamp gave at the
+session's start.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def test_the_collection_holds_what_runs_and_nothing_of_development(built: Path) 
         "plugins/callback/console.py",
         "plugins/action/specfleet_stage_decide.py",
         "plugins/filter/settings.py",
-        "plugins/lookup/helpers_bundle.py",
+        "plugins/action/specfleet_session.py",
         # shipped to the hosts, run by validate on the controller, read by the report
         "python_helpers/specfleet_helpers/bundle.py",
         "python_helpers/specfleet/runner.py",

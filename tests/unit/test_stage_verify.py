@@ -489,7 +489,7 @@ def test_a_file_added_beside_the_listed_ones_starts_the_checker_again(
 def test_the_helpers_zip_stands_for_the_checkers_sources_by_its_content(
     tmp_path, monkeypatch
 ) -> None:
-    """Shipped beside the helpers in place, then moved over them (session/helpers.yml): the
+    """Shipped beside the helpers in place, then moved over them (the session action): the
     same zip at a new path and ctime is the same checkers."""
     shipped = tmp_path / "specfleet_helpers.0123456789ab.zip"
     shipped.write_bytes(b"PK one")

@@ -189,7 +189,7 @@ def unlisted_entries(top: Path) -> Optional[list[list[Any]]]:
 
 def helpers_sources() -> list[list[Any]]:
     """What identifies this package's sources (a changed checker is a different checker): the
-    stat of the source tree's files, or the sha256 of the zip session/helpers.yml ships (a run
+    stat of the source tree's files, or the sha256 of the zip the session ships (a run
     that ships new helpers checks with them beside the old ones, then moves them in place:
     a new path and ctime, the same checkers)."""
     package = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """A play's start and end on a host, each one process (one Ansible task, one connection).
 
-``open`` (roles/session/tasks/lock.yml, first in every play):
+``open`` (plugins/action/specfleet_session.py, first in every play):
     the work root's layout, the host lock (host_lock acquire), what earlier runs left
     (stamps), the checksums of the files the play writes, and the verification of the
     stamped stages the play may skip (stage_verify):
