@@ -625,6 +625,31 @@ def test_verify_accepts_exactly_the_two_files(tmp_path, capsys):
     }
 
 
+def test_verify_published_prints_the_record_of_a_finite_loss_and_refuses_another(
+    tmp_path, capsys
+):
+    """The train stage's verifier: the draft, then publish's record (the stamp's metrics),
+    which must hold a finite validation loss."""
+    out = published(tmp_path)
+    record = tmp_path / "train.publish.json"
+    good = {"path": str(out), "metrics": {"val_loss": 2.5, "val_loss_finite": True}}
+    record.write_text("earlier output\n" + json.dumps(good) + "\n")
+    argv = ["verify", "--out", str(out), "--published", str(record)]
+    code, result, err = run_main(argv, capsys)
+    assert (code, err, result) == (0, "", good)
+    bad = {"metrics": {"val_loss": "nan", "val_loss_finite": False, "log": "/w/logs/train.log"}}
+    record.write_text(json.dumps(bad) + "\n")
+    code, result, err = run_main(argv, capsys)
+    assert code == 1 and result is None
+    assert err == (
+        "checkpoint: train: the validation loss is nan, expected a finite number "
+        "(see /w/logs/train.log)\n"
+    )
+    record.write_text("")
+    code, _, err = run_main(argv, capsys)
+    assert code == 1 and "holds no publish record" in err
+
+
 @pytest.mark.parametrize(
     ("damage", "problem"),
     [

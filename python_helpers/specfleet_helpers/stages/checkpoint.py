@@ -25,7 +25,9 @@ validation loss is ``loss_epoch`` of the checkpoint's ``val_metrics.json``, else
 ``val/loss_epoch`` of the log line for the checkpoint's epoch, else the last one logged.
 
 ``verify`` checks that DRAFT_DIR holds exactly ``config.json`` (a JSON object) and
-``model.safetensors`` (a valid, non-empty safetensors file).
+``model.safetensors`` (a valid, non-empty safetensors file); with ``--published`` it then
+requires the finite validation loss publish recorded and prints that record: the train
+stage's verifier, whose output is the stamp's metrics.
 
 Outputs (one JSON line on stdout):
   publish: {"path", "source_checkpoint", "selected_by", "epoch", "changed", "files":
@@ -609,7 +611,33 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     ver.add_argument("--out", required=True, type=Path, metavar="DRAFT_DIR")
+    ver.add_argument(
+        "--published",
+        type=Path,
+        metavar="PUBLISH_JSON",
+        help="also require the finite validation loss publish recorded (its output's last "
+        "line, in this file) and print that line instead: the train stage's verifier",
+    )
     return parser
+
+
+def published_record(path: Path) -> dict[str, Any]:
+    """The last line publish wrote to `path`, which must hold a finite validation loss
+    (CheckpointError naming the loss and the file when not)."""
+    try:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        record = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} holds no publish record: {exc}") from exc
+    if not isinstance(record, dict) or not isinstance(record.get("metrics"), dict):
+        raise CheckpointError(f"{path} holds no publish record with metrics")
+    metrics = record["metrics"]
+    if not metrics.get("val_loss_finite"):
+        raise CheckpointError(
+            f"the validation loss is {metrics.get('val_loss', 'missing')}, expected a finite "
+            f"number (see {metrics.get('log') or path})"
+        )
+    return record
 
 
 def _error(message: str) -> None:
@@ -623,10 +651,17 @@ def main(argv: Optional[Iterable[str]] = None) -> int:
         return EXIT_OK
     if args.command == "verify":
         result = verify(args.out)
-        print(json.dumps(result))
         if not result["ok"]:
+            print(json.dumps(result))
             _error(f"{args.out} is not a published draft: {'; '.join(result['problems'])}")
             return EXIT_FAILED
+        if args.published is not None:
+            try:
+                result = published_record(args.published)
+            except CheckpointError as exc:
+                _error(f"train: {exc}")
+                return EXIT_FAILED
+        print(json.dumps(result))
         return EXIT_OK
     try:
         result = publish(args.save_path, args.out, args.log, args.require_finite_loss)
