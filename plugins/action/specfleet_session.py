@@ -49,6 +49,7 @@ from typing import Any
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
+from ansible_collections.specfleet.ascend.plugins.action.specfleet_command import shell_command
 from ansible_collections.specfleet.ascend.plugins.filter.outputs import stamps_outputs
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 
@@ -273,10 +274,7 @@ class ActionModule(ActionBase):
     # --- plumbing ------------------------------------------------------------------------
 
     def _run(self, argv: list[str], env: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        command = shlex.join(str(a) for a in argv)
-        if env:
-            command = shlex.join(["env", *(f"{k}={v}" for k, v in env.items())]) + " " + command
-        return self._low_level_execute_command(command)
+        return self._low_level_execute_command(shell_command(argv, env))
 
     def _ensure(self, argv: list[str]) -> None:
         done = self._run(argv)
