@@ -601,7 +601,7 @@ def test_fifteen_speculative_tokens_pass_the_npu_settings_check(
 ) -> None:
     """vllm-ascend's attention backends assert 1 + k <= 16: k = 15 is valid on npu."""
     run = result(runs, ACCEPT_TEST)
-    header = "TASK [serve : Check the serve settings: "
+    header = "TASK [Check every stage's settings before any host work]"
     assert header in run.stdout, run.tail()
     after = run.stdout.split(header, 1)[1].split("\nTASK [", 1)[0]
     assert f"ok: [{HOST}]" in after and f"fatal: [{HOST}]" not in after, (
