@@ -104,10 +104,10 @@ start_vllm() {
     trained) spec=(--speculative-config "$SPECULATIVE_CONFIG") ;;
     yardstick) spec=(--speculative-config "$YARDSTICK_CONFIG") ;;
   esac
-  local -a env=()
+  local -a opts=()
   # The start waits until its devices have the server's memory share free.
-  env=(--npu-memory 0.85 "${NPU_MEMORY_WAIT[@]}")
-  arm_server "$arm" start --log "$LOGS/serve.$arm.vllm.log" --host "$HOST" --port "$port" "${env[@]}" -- \
+  opts=(--npu-memory 0.85 "${NPU_MEMORY_WAIT[@]}")
+  arm_server "$arm" start --log "$LOGS/serve.$arm.vllm.log" --host "$HOST" --port "$port" "${opts[@]}" -- \
     "$PY" -m vllm.entrypoints.cli.main serve "${VERIFIER_ARGS[@]}" --host "$HOST" --port "$port" "${spec[@]}"
 }
 wait_vllm() { arm_server "$1" wait --timeout 900; }

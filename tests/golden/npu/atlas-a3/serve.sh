@@ -104,16 +104,16 @@ start_vllm() {
     trained) spec=(--speculative-config "$SPECULATIVE_CONFIG") ;;
     yardstick) spec=(--speculative-config "$YARDSTICK_CONFIG") ;;
   esac
-  local -a env=()
+  local -a opts=()
   # The start waits until its devices have the server's memory share free.
-  env=(--npu-memory 0.85 "${NPU_MEMORY_WAIT[@]}")
+  opts=(--npu-memory 0.85 "${NPU_MEMORY_WAIT[@]}")
   # Measured together: each arm on a device of its own, and its wait on that device only.
   case $arm in
-    trained) env+=(--env ASCEND_RT_VISIBLE_DEVICES=0 --npu-devices 0) ;;
-    plain) env+=(--env ASCEND_RT_VISIBLE_DEVICES=1 --npu-devices 1) ;;
-    yardstick) env+=(--env ASCEND_RT_VISIBLE_DEVICES=2 --npu-devices 2) ;;
+    trained) opts+=(--env ASCEND_RT_VISIBLE_DEVICES=0 --npu-devices 0) ;;
+    plain) opts+=(--env ASCEND_RT_VISIBLE_DEVICES=1 --npu-devices 1) ;;
+    yardstick) opts+=(--env ASCEND_RT_VISIBLE_DEVICES=2 --npu-devices 2) ;;
   esac
-  arm_server "$arm" start --log "$LOGS/serve.$arm.vllm.log" --host "$HOST" --port "$port" "${env[@]}" -- \
+  arm_server "$arm" start --log "$LOGS/serve.$arm.vllm.log" --host "$HOST" --port "$port" "${opts[@]}" -- \
     "$PY" -m vllm.entrypoints.cli.main serve "${VERIFIER_ARGS[@]}" --host "$HOST" --port "$port" "${spec[@]}"
 }
 wait_vllm() { arm_server "$1" wait --timeout 900; }
