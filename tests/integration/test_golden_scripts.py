@@ -230,12 +230,12 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
     # inventory.yml): an idle 910B4 (32 GB, 2871 MB held) cannot give the group's 0.9, and its
     # context and batch are cut to fit; 64 GB A3 dies keep the defaults.
     hidden_share, serve_args = {
-        "atlas-a2": ("0.88", ["--gpu-memory-utilization 0.85", "--max-model-len 8192",
-                              "--max-num-batched-tokens 4096", "--max-num-seqs 128"]),
-        "atlas-a3": ("0.9", ["--gpu-memory-utilization 0.85", "--max-num-batched-tokens 8192",
-                             "--max-num-seqs 256"]),
-        "ascend-950": ("0.9", ["--gpu-memory-utilization 0.85", "--max-num-batched-tokens 8192",
-                               "--max-num-seqs 256"]),
+        "atlas-a2": ("0.88", ["--max-model-len 8192", "--max-num-batched-tokens 4096",
+                              "--max-num-seqs 128", "--gpu-memory-utilization 0.85"]),
+        "atlas-a3": ("0.9", ["--max-num-batched-tokens 8192", "--max-num-seqs 256",
+                             "--gpu-memory-utilization 0.85"]),
+        "ascend-950": ("0.9", ["--max-num-batched-tokens 8192", "--max-num-seqs 256",
+                               "--gpu-memory-utilization 0.85"]),
     }[group]  # fmt: skip
     assert lines(hidden, r"^--gpu-memory-utilization ") == [
         f"--gpu-memory-utilization {hidden_share} \\"
