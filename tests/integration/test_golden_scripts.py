@@ -248,12 +248,14 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
         )
         == serve_args
     )
-    # Before every vLLM start on npu: the wait for the memory a stopped server held, with the
-    # share that server asks for.
+    # Every vLLM start on npu waits for the memory a stopped server held, with the share that
+    # server asks for (vllm_server start --npu-memory, the launcher's NPU_MEMORY_WAIT devices).
     for stage, share in (("hidden_states", hidden_share), ("serve", "0.85")):
-        assert lines(scripts[stage], r"specfleet_helpers.host.npu_memory wait") == [
-            f'"$PY" -m specfleet_helpers.host.npu_memory wait --utilization {share} \\'
-        ], (group, stage)
+        starts = [line for line in lines(scripts[stage], r"--npu-memory ") if line[0] != "#"]
+        assert starts and all(f"--npu-memory {share} " in line for line in starts), (group, stage)
+        assert all('"${NPU_MEMORY_WAIT[@]}"' in line for line in starts), (group, stage)
+    # A serve deploy (not vllm_server's start) waits on its own, with the same share.
+    assert "wait_npu_memory 0.85" in scripts["serve"], group
     # A reduced draft vocabulary only where the image's vllm-ascend keeps the draft's lm_head
     # (the 950 host's MOCK image lacks the d2t gate, vllm-ascend #11374).
     vocab = lines(train, r"--draft-vocab-size")
@@ -263,7 +265,7 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
     # measures them one at a time).
     assert "ARMS=(plain trained yardstick)" in serve and "ROUNDS=3" in serve
     together = group != "atlas-a2"
-    assert ("plain) env=(--env ASCEND_RT_VISIBLE_DEVICES=1) ;;" in serve) is together, group
+    assert ("plain) opts+=(--env ASCEND_RT_VISIBLE_DEVICES=1 --npu-devices 1) ;;" in serve) is together, group
     assert ('bench --round "$round" "$arm"' in serve) is not together, group
 
 
