@@ -265,7 +265,8 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
     # measures them one at a time).
     assert "ARMS=(plain trained yardstick)" in serve and "ROUNDS=3" in serve
     together = group != "atlas-a2"
-    assert ("plain) opts+=(--env ASCEND_RT_VISIBLE_DEVICES=1 --npu-devices 1) ;;" in serve) is together, group
+    pinned = "plain) opts+=(--env ASCEND_RT_VISIBLE_DEVICES=1 --npu-devices 1) ;;"
+    assert (pinned in serve) is together, group
     assert ('bench --round "$round" "$arm"' in serve) is not together, group
 
 
