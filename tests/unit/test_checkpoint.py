@@ -625,9 +625,7 @@ def test_verify_accepts_exactly_the_two_files(tmp_path, capsys):
     }
 
 
-def test_verify_published_prints_the_record_of_a_finite_loss_and_refuses_another(
-    tmp_path, capsys
-):
+def test_verify_published_prints_the_record_of_a_finite_loss_and_refuses_another(tmp_path, capsys):
     """The train stage's verifier: the draft, then publish's record (the stamp's metrics),
     which must hold a finite validation loss."""
     out = published(tmp_path)
