@@ -169,7 +169,11 @@ class ActionModule(ActionBase):
             "session_started": True,
         }
         set_facts(self, facts)
-        result["msg"] = self._summary(result, stamps, check_mode)
+        result["msg"] = self._summary(args["root"], result, stamps, check_mode)
+        # Shown without -v: a dead run's lock taken over or modes repaired are worth a line.
+        said = [result[k] for k in ("took_over", "restored_modes") if k in result]
+        if said:
+            result["warnings"] = said
         return result
 
     # --- the steps -----------------------------------------------------------------------
@@ -291,10 +295,12 @@ class ActionModule(ActionBase):
         except ValueError:
             return {}
 
-    def _summary(self, result: Mapping[str, Any], stamps: Mapping[str, Any], check: bool) -> str:
+    def _summary(
+        self, root: str, result: Mapping[str, Any], stamps: Mapping[str, Any], check: bool
+    ) -> str:
         said = [result[k] for k in ("took_over", "restored_modes") if k in result]
         held = "no lock in --check mode" if check else "the host lock held"
-        return "; ".join([f"{held}; {len(stamps)} stamps of earlier runs", *said])
+        return "; ".join([f"work root {root}: {held}; {len(stamps)} stamps of earlier runs", *said])
 
     def _options(self) -> dict[str, Any]:
         args = dict(self._task.args)

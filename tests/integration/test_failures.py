@@ -118,11 +118,11 @@ def task_durations(stdout: str) -> list[tuple[str, float]]:
     return [(m.group("name"), float(m.group("seconds"))) for m in TASK_TIME.finditer(timings)]
 
 
-LOCK_TASKS = ("Take the host lock", "Take a dead run's lock over, or wait for a live run's")
+LOCK_TASKS = ("Start this run's session on the host (helpers, lock, earlier runs' stamps)",)
 
 
 def lock_wait_s(run: Run) -> float:
-    """The longest of the tasks that take the host lock in a run (two per play at most)."""
+    """The longest of the tasks that take the host lock in a run (one per play)."""
     return max(s for name, s in task_durations(run.stdout) if name.endswith(LOCK_TASKS))
 
 
