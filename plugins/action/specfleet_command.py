@@ -13,7 +13,8 @@ environment, a working directory, stdin and the JSON parsed:
         json: true                          # stdout parsed into `json`; unparsable output fails
       register: opened
 
-Returns rc, stdout, stderr (and their _lines), cmd and, with json, json. Fails on a non-zero
+Returns rc, stdout, stderr (and their _lines), cmd and, with json, json (under the key
+`json_as` names too: specfleet_summary, the validate role's last word). Fails on a non-zero
 exit, with the end of stderr (or of stdout, when stderr is empty) as its message (failed_when
 overrides it); never `changed` (changed_when for a command that changes
 something). Skipped in --check mode like the command module, unless the task says
@@ -31,7 +32,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.plugins.action import ActionBase
 
-OPTIONS = {"argv", "env", "chdir", "stdin", "json"}
+OPTIONS = {"argv", "env", "chdir", "stdin", "json", "json_as"}
 
 
 def shell_command(
@@ -106,4 +107,6 @@ class ActionModule(ActionBase):
                         failed=True,
                         msg=f"{argv[0]} printed no JSON ({error}): {stdout.strip()[:500]!r}",
                     )
+            if args.get("json_as"):
+                result[str(args["json_as"])] = result["json"]
         return result

@@ -16,8 +16,12 @@ most of a no-op run's first play. This asks the same through the connection's ow
       specfleet.ascend.specfleet_reach:
       ignore_unreachable: true
 
-A host that cannot be reached is Ansible's unreachable result, as with setup. Runs in
---check mode too (it only reads).
+A host that cannot be reached is Ansible's unreachable result, as with setup; with
+`note_unreachable: true` (the stages play's first contact) it is kept in play instead, and
+recorded in the fact specfleet_host_stopped ({why: unreachable, stage: null, error}): later
+tasks end the host at once, and validate.yml reports it red and ends it as unreachable there
+(when every host is unreachable, Ansible would otherwise end the run before the report).
+Runs in --check mode too (it only reads).
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ import shlex
 from typing import Any
 
 from ansible import constants as C
-from ansible.errors import AnsibleActionFail
+from ansible.errors import AnsibleActionFail, AnsibleConnectionFailure
 from ansible.executor.interpreter_discovery import discover_interpreter
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 
 # The same description setup's python collector gives (ansible.module_utils.facts.system.python).
 DESCRIBE = (
@@ -53,10 +58,27 @@ class ActionModule(ActionBase):
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
-        if self._task.args:
+        unknown = set(self._task.args) - {"note_unreachable"}
+        if unknown:
             raise AnsibleActionFail(
-                f"specfleet_reach: takes no options, got {', '.join(sorted(self._task.args))}"
+                f"specfleet_reach: unknown option(s) {', '.join(sorted(unknown))}; "
+                "expected note_unreachable"
             )
+        if not self._task.args.get("note_unreachable", False):
+            return self._reach(result, task_vars)
+        try:
+            return self._reach(result, task_vars)
+        except AnsibleConnectionFailure as error:
+            said = to_text(error).strip()
+            set_facts(
+                self,
+                {"specfleet_host_stopped": {"why": "unreachable", "stage": None, "error": said}},
+            )
+            result.update(changed=False, msg=f"unreachable, noted for the report: {said}")
+            result["warnings"] = [f"unreachable, kept for the report: {said[:300]}"]
+            return result
+
+    def _reach(self, result: dict[str, Any], task_vars: dict[str, Any]) -> dict[str, Any]:
         facts: dict[str, Any] = {}
         interpreter = self._configured_interpreter(task_vars)
         if interpreter is None:

@@ -9,7 +9,8 @@ first refusal fails the task with that rule's message. Nothing is templated befo
 With `facts` (name: template), once every rule holds, those facts are set for the host as
 set_fact sets them, templated with the same variables: what later checks read, without a
 set_fact task of their own. With `note`, a line templated last (the facts set) is added to the
-task's message, shown with -v: what the check found.
+task's message, shown with -v: what the check found; with `show: true` the note is shown at
+every verbosity too, as a plan line (plugins/callback/progress.py prints specfleet_plan).
 
 Why one task: a check of many assert tasks costs a worker process and its templating per
 task, on every run, no-op runs included. The settings check before any host work is
@@ -36,11 +37,11 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.rules import check_rules
 
-OPTIONS = {"rules", "facts", "note"}
+OPTIONS = {"rules", "facts", "note", "show"}
 # Templated by the action, in order, when their turn comes: a rule's only when it is checked,
 # the facts and the note only once every rule holds (a lookup in them may need what a rule
 # checked, such as a file being there).
-LAZY_OPTIONS = {"rules", "facts", "note"}
+LAZY_OPTIONS = {"rules", "facts", "note", "show"}
 
 
 class ActionModule(ActionBase):
@@ -56,7 +57,7 @@ class ActionModule(ActionBase):
 
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
-        rules = self._task.args.get("rules")
+        rules = self._task.args.get("rules", [])
         unknown = set(self._task.args) - OPTIONS
         if unknown:
             raise AnsibleActionFail(
@@ -89,5 +90,8 @@ class ActionModule(ActionBase):
         note = self._task.args.get("note")
         if note:
             templar = self._templar.copy_with_new_env(available_variables=variables)
-            result["msg"] += f": {str(templar.template(note)).strip()}"
+            said = str(templar.template(note)).strip()
+            result["msg"] += f": {said}"
+            if self._task.args.get("show", False):
+                result["specfleet_plan"] = said
         return result

@@ -84,6 +84,8 @@ OPTIONS: dict[str, type | tuple[type, ...]] = {
     "unlisted": list,
     "prechecked": (Mapping, type(None)),
     "failure_recorded": bool,
+    # The play's plan of this stage ({fingerprint, reason}: specfleet_stage_plan.decided).
+    "planned": (Mapping, type(None)),
     "stage_runs": Mapping,
     "run_results": Mapping,
     "state_dir": str,
@@ -185,9 +187,29 @@ class ActionModule(ActionBase):
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         args = self._options()
+        decided, facts = self.decide(args, task_vars or {}, bool(self._task.check_mode))
+        result.update(decided)
+        if decided.get("forget") and not self._task.check_mode:
+            self._forget([args["stage"]], args["state_dir"])
+        if facts:
+            set_facts(self, facts)
+        return result
+
+    def decide(
+        self,
+        args: dict[str, Any],
+        task_vars: Mapping[str, Any],
+        check_mode: bool,
+        preconditions: bool = True,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the task's result, the facts it sets) for one stage, decided with self._templar
+        (the stage role's variables). `forget` in the result: the stage is up to date and an
+        earlier run's failure record of it is to be removed (the caller does, not in --check).
+        `preconditions=False` leaves the declared preconditions to the stage role's own
+        decision (the play's plan: plugins/action/specfleet_stage_plan.py)."""
+        result: dict[str, Any] = {}
         stage: str = args["stage"]
-        check_mode = bool(self._task.check_mode)
-        declared = self._declared(stage, task_vars or {})
+        declared = self._declared(stage, task_vars)
         runs = dict(args.get("stage_runs") or {})
         found = find_upstream(self._templar, WHO, stage, declared, runs)
         if found["missing"]:
@@ -195,23 +217,19 @@ class ActionModule(ActionBase):
             result["msg"] = missing_message(
                 stage,
                 found["missing"],
-                self._provides(found["missing"], task_vars or {}),
-                str((task_vars or {}).get("inventory_hostname", "")),
+                self._provides(found["missing"], task_vars),
+                str(task_vars.get("inventory_hostname", "")),
             )
-            return result
+            return result, {}
         if found["pending"] and check_mode:
             planned = pending_plan(stage, found["pending"], runs, args.get("run_results") or {})
             result.update(planned, changed=False, stage=stage, redo=False, pending=found["pending"])
             result["specfleet_plan"] = result["msg"]  # printed by the progress callback
-            set_facts(
-                self,
-                {
-                    "specfleet_stage_runs": planned["stage_runs"],
-                    "specfleet_run_results": planned["run_results"],
-                    "stage_upstream": found,
-                },
-            )
-            return result
+            return result, {
+                "specfleet_stage_runs": planned["stage_runs"],
+                "specfleet_run_results": planned["run_results"],
+                "stage_upstream": found,
+            }
         found["pending"] = []
         # Everything templated from here on reads the upstream stages as stage_upstream.
         self._templar = self._templar.copy_with_new_env(
@@ -219,10 +237,11 @@ class ActionModule(ActionBase):
                 {"stage_upstream": found}, self._templar.available_variables
             )
         )
-        refusal = self._preconditions(declared.get("preconditions"))
-        if refusal:
-            result.update(refusal, **refused(stage))
-            return result
+        if preconditions:
+            refusal = self._preconditions(declared.get("preconditions"))
+            if refusal:
+                result.update(refusal, **refused(stage))
+                return result, {}
         args.update(self._templated(args, LAZY))
         if args.get("script_template"):
             args["script"] = self._render_script(str(args["script_template"]))
@@ -232,6 +251,16 @@ class ActionModule(ActionBase):
         changed = False
         reason = decided["reason"]
         live: Mapping[str, Any] = {}
+        planned = args.get("planned")
+        # The play's plan verified these very inputs a moment ago and found the artifacts
+        # wanting: its reason stands, without a second verification.
+        if (
+            not reason
+            and isinstance(planned, Mapping)
+            and planned.get("fingerprint") == decided["fingerprint"]
+            and planned.get("reason")
+        ):
+            reason = str(planned["reason"])
         if not reason:
             check = usable_precheck(args.get("prechecked"), stamp, verifier)
             if check is None:
@@ -242,17 +271,9 @@ class ActionModule(ActionBase):
                 reason = "artifacts no longer valid: " + truncated(problem)
             live = check.get("live") or {}
         redo = bool(reason)
-        if not redo and args.get("failure_recorded", False):
-            # Up to date means it passed: an earlier run's failure record no longer stands.
-            if not check_mode:
-                record = f"{args['state_dir']}/{stage}.failed.json"
-                done = self._on_host(["rm", "-f", "--", record], {})
-                if done.get("rc") != 0:
-                    raise AnsibleActionFail(
-                        f"{stage} is up to date, but its earlier failure record {record} could "
-                        f"not be removed: {to_text(done.get('stderr', '')).strip()}"
-                    )
-            changed = True
+        # Up to date means it passed: an earlier run's failure record no longer stands.
+        forget = not redo and args.get("failure_recorded", False)
+        changed = changed or forget
         stage_runs = dict(args.get("stage_runs") or {})
         stage_runs[stage] = "pending" if redo else stamp.get("run_id", "unknown")
         run_results = dict(args.get("run_results") or {})
@@ -265,6 +286,7 @@ class ActionModule(ActionBase):
             }
         result.update(
             changed=changed,
+            forget=forget,
             msg=plan_line(stage, redo, reason, decided["fingerprint"], check_mode),
             stage=stage,
             redo=redo,
@@ -286,14 +308,23 @@ class ActionModule(ActionBase):
         # finish.yml replaces the metrics with the new run's (in --check mode a stage that
         # would run keeps the old ones).
         outcome = {"ran": redo, "metrics": result["metrics"]}
-        facts = {
+        return result, {
             "specfleet_stage_runs": stage_runs,
             "specfleet_run_results": run_results,
             "stage_upstream": found,
             "stage_outcome": outcome,
         }
-        set_facts(self, facts)
-        return result
+
+    def _forget(self, stages: list[str], state_dir: str) -> None:
+        """Remove the failure records earlier runs left of `stages`, now up to date."""
+        records = [f"{state_dir}/{stage}.failed.json" for stage in stages]
+        done = self._on_host(["rm", "-f", "--", *records], {})
+        if done.get("rc") != 0:
+            raise AnsibleActionFail(
+                f"{', '.join(stages)} up to date, but the earlier failure record(s) "
+                f"{', '.join(records)} could not be removed: "
+                f"{to_text(done.get('stderr', '')).strip()}"
+            )
 
     @staticmethod
     def _declared(stage: str, task_vars: Mapping[str, Any]) -> Mapping[str, Any]:

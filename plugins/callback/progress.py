@@ -127,5 +127,7 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_on_ok(self, result) -> None:
         plan = result._result.get("specfleet_plan")
-        if isinstance(plan, str) and plan:
-            self._display.display(f"[{result._host.get_name()}] {plan}")
+        # A line, or one per stage (the play's plan: plugins/action/specfleet_stage_plan.py).
+        for line in [plan] if isinstance(plan, str) else plan if isinstance(plan, list) else []:
+            if isinstance(line, str) and line:
+                self._display.display(f"[{result._host.get_name()}] {line}")

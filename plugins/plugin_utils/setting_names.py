@@ -34,11 +34,15 @@ SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def declared_settings(roles_dir: Path) -> set[str]:
-    """Every option of every entry point of every role's meta/argument_specs.yml."""
+    """Every option of every entry point of every role's meta/argument_specs.yml, and of the
+    internal entry points (meta/entry_points.yml, the same format)."""
     names: set[str] = set()
-    for spec_file in sorted(roles_dir.glob("*/meta/argument_specs.yml")):
+    for spec_file in sorted(roles_dir.glob("*/meta/argument_specs.yml")) + sorted(
+        roles_dir.glob("*/meta/entry_points.yml")
+    ):
         specs = yaml.load(spec_file.read_text(), Loader=SAFE_LOADER) or {}
-        for entry in (specs.get("argument_specs") or {}).values():
+        entries = specs.get("argument_specs") or specs.get("entry_points") or {}
+        for entry in entries.values():
             names.update((entry or {}).get("options") or {})
     return names
 

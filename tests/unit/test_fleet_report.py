@@ -237,6 +237,8 @@ def test_green_fleet_json(tmp_path, capsys):
             "redone: " + ", ".join(STAGES),
             f"report: {os.path.abspath(out)}/fleet.html (fleet.md, fleet.json beside it)",
         ],
+        # The gate passes every host (roles/validate/tasks/gate.yml).
+        "verdicts": {"a2-node1": {}, "a3-node1": {}, "a950-node1": {}},
     }
     report = fleet_json(out)
     assert report["schema"] == "specfleet.fleet/1"
@@ -1133,3 +1135,39 @@ def test_npu_env_warnings_are_shown_in_the_hosts_section(tmp_path):
     assert summary["a2-node1"]["warnings"] == []
     section = (out / "fleet.md").read_text().split("## a950-node1 (ascend-950)", 1)[1]
     assert f"- Warning: {warned}" in section.split("\n## ", 1)[0]
+
+
+def test_the_gate_verdicts_name_why_a_host_fails() -> None:
+    """What the validate role's gate does with each host (specfleet_verdict): unreachable ends
+    it as unreachable, a refusal is shown whole, a failed stage with its error, damaged stages
+    with their detail, failed artifact tests by name; stale or skipped stages pass."""
+    base = {
+        "name": "h1",
+        "reachable": True,
+        "failed_stage": None,
+        "error": None,
+        "refused": None,
+        "stages": {"models": {"status": "passed", "detail": ""}},
+        "artifact_tests": {},
+    }
+    where = "report: /r/fleet.md"
+    verdict = fleet_report.gate_verdict
+    assert verdict(base, "/r") == {}
+    assert verdict({**base, "reachable": False, "error": "ssh: timed out"}, "/r") == {
+        "unreachable": True,
+        "msg": f"h1 is not green: unreachable: ssh: timed out; {where}",
+    }
+    refused = {**base, "refused": {"stage": "train", "error": "x" * 400}}
+    assert verdict(refused, "/r") == {
+        "fail": f"h1 is not green: settings refused (train): {'x' * 400}; {where}"
+    }
+    failed = {**base, "failed_stage": "data", "error": "boom"}
+    assert verdict(failed, "/r")["fail"] == f"h1 is not green: stage data failed: boom; {where}"
+    damaged = {**base, "stages": {"models": {"status": "damaged", "detail": "config.json changed"}}}
+    assert "models config.json changed" in verdict(damaged, "/r")["fail"]
+    tests = {**base, "artifact_tests": {"failed": 1, "failures": [{"test": "t1", "message": "m"}]}}
+    assert verdict(tests, "/r")["fail"] == (
+        f"h1 is not green: 1 artifact test(s) failed: t1 (m); {where}"
+    )
+    stale = {**base, "stages": {"models": {"status": "would_run", "detail": "would run: x"}}}
+    assert verdict(stale, "/r") == {}

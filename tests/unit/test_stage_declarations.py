@@ -15,12 +15,10 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "roles"
 DECLARATIONS = ROLES / "specfleet" / "vars" / "main" / "stages.yml"
-PLAYBOOKS = [REPO / "playbooks" / name for name in ("provision.yml", "pipeline.yml", "serve.yml")]
-# What a stage role may pass when it includes roles/stage: its stage's name; the metrics a
-# stage that checks its own results (models, speculators_install) records with finish.yml;
-# and npu_env, which has no script or stamp, its result for the report (note.yml).
-CONTRACT_VARS = {"stage_name", "stage_metrics", "stage_failed_name"}
-NOTE_VARS = {"stage_note_status", "stage_note_reason", "stage_note_duration_s"}
+STAGES_PLAY = REPO / "playbooks" / "stages.yml"
+# What a stage role may pass when it includes roles/stage: its stage's name, and the metrics a
+# stage that checks its own results (models, speculators_install) records with finish.yml.
+CONTRACT_VARS = {"stage_name", "stage_metrics"}
 # A template path inside a templated value, e.g. "{{ 'models/templates/models.sh.j2' if ... }}"
 TEMPLATE_IN_VALUE = re.compile(r"([a-z_]+/templates/[\w.]+\.j2)")
 
@@ -29,22 +27,30 @@ def declarations() -> dict[str, dict[str, Any]]:
     return yaml.safe_load(DECLARATIONS.read_text())["specfleet_stages"]
 
 
+def play_tasks() -> list[dict[str, Any]]:
+    """The stages play's tasks, its block's included."""
+    play = yaml.safe_load(STAGES_PLAY.read_text())[0]
+    found: list[dict[str, Any]] = []
+
+    def walk(tasks: list[dict[str, Any]]) -> None:
+        for task in tasks or []:
+            found.append(task)
+            walk(task.get("block", []))
+
+    walk(play["tasks"])
+    return found
+
+
 def role_order() -> list[str]:
-    """The stage roles in the order the plays run them: a play's `roles:`, then the roles its
-    `tasks:` import whole (an import of one task file, like hidden_states' early start, is
-    not where the stage runs). A role a later play imports again (serve's rollout play) counts
-    where it first runs."""
+    """The stage roles in the order the stages play runs them: the roles it imports or
+    includes whole (an include of one task file, like hidden_states' early start, is not where
+    the stage runs), each where it first runs (data's second pass on a job's other hosts)."""
     order = []
-    for playbook in PLAYBOOKS:
-        for play in yaml.safe_load(playbook.read_text()):
-            for role in play.get("roles", []):
-                name = role["role"] if isinstance(role, dict) else role
-                if name != "specfleet" and name not in order:
-                    order.append(name)
-            for task in play.get("tasks", []):
-                imported = task.get("ansible.builtin.import_role")
-                if imported and "tasks_from" not in imported and imported["name"] not in order:
-                    order.append(imported["name"])
+    for task in play_tasks():
+        for module in ("ansible.builtin.import_role", "ansible.builtin.include_role"):
+            called = task.get(module)
+            if called and "tasks_from" not in called and called["name"] not in order:
+                order.append(called["name"])
     return order
 
 
@@ -147,7 +153,7 @@ def test_every_output_read_is_declared() -> None:
 def test_no_stage_role_hands_the_contract_more_than_its_name() -> None:
     calls = 0
     for stage in declarations():
-        allowed = CONTRACT_VARS | (NOTE_VARS if stage == "npu_env" else set())
+        allowed = CONTRACT_VARS
         for path in sorted((ROLES / stage / "tasks").glob("*.yml")):
             where = path.relative_to(REPO)
             for task in stage_includes(path):
@@ -155,53 +161,70 @@ def test_no_stage_role_hands_the_contract_more_than_its_name() -> None:
                 given = task.get("vars", {})
                 extra = set(given) - allowed
                 assert not extra, f"{where}: passes {sorted(extra)} to the stage role"
-                name = given.get("stage_name") or given.get("stage_failed_name")
-                assert name == stage, f"{where}: calls the contract for {name}"
-    assert calls >= 2 * (len(declarations()) - 1), calls
+                assert given.get("stage_name") == stage, f"{where}: calls the contract for {given}"
+    assert calls >= len(declarations()) - 1, calls
 
 
 def test_every_call_of_an_internal_entry_point_matches_its_argument_spec() -> None:
-    """The stage role's entry points are called with rolespec_validate: false (validated at
-    run time they cost two tasks per stage and run): this checks each call against the entry
-    point's spec instead (roles/stage/meta/argument_specs.yml), as Ansible would."""
-    specs = yaml.safe_load((ROLES / "stage" / "meta" / "argument_specs.yml").read_text())
-    specs = specs["argument_specs"]
+    """The stage and session roles' internal entry points are not in their
+    meta/argument_specs.yml, where Ansible would check every call as a task of its own on every
+    run, but in meta/entry_points.yml (the same format): this checks each call, in the roles
+    and the playbooks, against it, as Ansible would."""
     calls = 0
-    for path in sorted(ROLES.glob("*/tasks/*.yml")):
-        where = path.relative_to(REPO)
-        for task in stage_includes(path):
-            calls += 1
-            module = task.get("ansible.builtin.import_role") or task["ansible.builtin.include_role"]
-            entry = module.get("tasks_from", "main")
-            assert entry in specs, f"{where}: no argument spec for the stage entry point {entry}"
-            assert module.get("rolespec_validate") is False, (
-                f"{where}: calls stage/{entry} without rolespec_validate: false"
-            )
-            options = specs[entry].get("options") or {}
-            given = task.get("vars", {})
-            unknown = set(given) - set(options)
-            assert not unknown, f"{where}: passes {sorted(unknown)} to stage/{entry}"
-            required = {name for name, option in options.items() if option.get("required")}
-            missing = required - set(given)
-            assert not missing, f"{where}: calls stage/{entry} without {sorted(missing)}"
-            for name, value in given.items():
-                kind = options[name].get("type", "str")
-                if kind == "str" and "{{" not in str(value):
-                    assert isinstance(value, str), f"{where}: {name} is not a str: {value!r}"
-    assert calls >= 20, calls
+    for role in ("stage", "session"):
+        specs = yaml.safe_load((ROLES / role / "meta" / "entry_points.yml").read_text())
+        specs = specs["entry_points"]
+        main = yaml.safe_load((ROLES / role / "meta" / "argument_specs.yml").read_text())
+        assert list(main["argument_specs"]) == ["main"], role
+        for path in sorted([*ROLES.glob("*/tasks/*.yml"), *(REPO / "playbooks").glob("*.yml")]):
+            where = path.relative_to(REPO)
+            for task in calls_of(path, role):
+                calls += 1
+                module = (
+                    task.get("ansible.builtin.import_role") or task["ansible.builtin.include_role"]
+                )
+                entry = module.get("tasks_from", "main")
+                assert entry in specs, f"{where}: no entry point spec for {role}/{entry}"
+                options = specs[entry].get("options") or {}
+                given = task.get("vars", {})
+                unknown = set(given) - set(options)
+                assert not unknown, f"{where}: passes {sorted(unknown)} to {role}/{entry}"
+                required = {name for name, option in options.items() if option.get("required")}
+                # Required options the play's own variables give (specfleet_root, ...) are not
+                # the call's to pass.
+                missing = {r for r in required - set(given) if not r.startswith("specfleet_")}
+                assert not missing, f"{where}: calls {role}/{entry} without {sorted(missing)}"
+                for name, value in given.items():
+                    kind = options[name].get("type", "str")
+                    if kind == "str" and "{{" not in str(value):
+                        assert isinstance(value, str), f"{where}: {name} is not a str: {value!r}"
+    assert calls >= 15, calls
 
 
-def test_the_plays_skip_only_the_spec_checks_the_settings_check_makes() -> None:
-    """site.yml's plays import the stage roles with rolespec_validate: false because its first
-    play's settings check (plugins/action/specfleet_settings.py, one task: every declared
-    stage's meta/argument_specs.yml `main` then its meta/rules.yml, in pipeline order)
-    validates each role's spec before any host work. Each import that skips it must be of a
-    role so checked."""
-    provision = yaml.safe_load(PLAYBOOKS[0].read_text())[0]
-    check = next(t for t in provision["pre_tasks"] if "settings" in t["name"])
-    assert check["specfleet.ascend.specfleet_settings"]["roles"] == (
-        "{{ specfleet_stages.keys() | list }}"
-    )
+def calls_of(path: Path, role: str) -> list[dict[str, Any]]:
+    """Every include_role/import_role of `role` in a task file or playbook, blocks included."""
+    found = []
+
+    def walk(tasks: list[dict[str, Any]]) -> None:
+        for task in tasks or []:
+            for key in ("block", "rescue", "always", "pre_tasks", "tasks", "post_tasks"):
+                walk(task.get(key, []))
+            for module in ("ansible.builtin.include_role", "ansible.builtin.import_role"):
+                if task.get(module, {}).get("name") == role:
+                    found.append(task)
+
+    walk(yaml.safe_load(path.read_text()) or [])
+    return found
+
+
+def test_no_spec_check_is_switched_off() -> None:
+    """The settings check (plugins/action/specfleet_settings.py, the stages play's first task
+    after reaching the host) checks every stage role's meta/argument_specs.yml and
+    meta/rules.yml for every host before any work; a stage role is included only when its
+    stage runs, and Ansible's own check of its spec then runs too. Nothing turns it off."""
+    play = yaml.safe_load(STAGES_PLAY.read_text())[0]
+    check = next(t for t in play["pre_tasks"] if "settings" in t["name"])
+    assert check["specfleet.ascend.specfleet_settings"]["roles"] == "{{ specfleet_play_stages }}"
     assert check["when"] == "specfleet_host_stopped is not defined"
     for role in declarations():
         specs = yaml.safe_load((ROLES / role / "meta" / "argument_specs.yml").read_text())
@@ -209,11 +232,5 @@ def test_the_plays_skip_only_the_spec_checks_the_settings_check_makes() -> None:
         rules = yaml.safe_load((ROLES / role / "meta" / "rules.yml").read_text())
         assert set(rules) <= {"vars", "rules", "facts", "note"} and rules["rules"], role
     assert not list(ROLES.glob("*/tasks/settings.yml")), "settings live in meta/rules.yml"
-    skipped = []
-    for playbook in PLAYBOOKS:
-        for play in yaml.safe_load(playbook.read_text()):
-            for task in play.get("tasks", []):
-                imported = task.get("ansible.builtin.import_role")
-                if imported and imported.get("rolespec_validate") is False:
-                    skipped.append(imported["name"])
-    assert set(skipped) == set(declarations()), skipped
+    for path in [*ROLES.rglob("*.yml"), *(REPO / "playbooks").rglob("*.yml")]:
+        assert "rolespec_validate" not in path.read_text(), path

@@ -564,10 +564,13 @@ def test_publish_runs_the_checker_lists_the_files_and_writes_the_stamp(tmp_path,
     top = artifacts(tmp_path / "ckpt")
     state = tmp_path / "state"
     state.mkdir()
+    # An earlier run's failure record of the stage: a stamp written now says it passed.
+    (state / "train.failed.json").write_text("{}\n")
     argv = checker({"rows": 10})
     assert (
         stage_verify.main(publish_cli(state, f"--checker-json={json.dumps(argv)}", str(top))) == 0
     )
+    assert not (state / "train.failed.json").exists()
     published = json.loads(capsys.readouterr().out)
     # The run id finish.yml made in Jinja: sha256(fingerprint ~ ended), 16 digits.
     expected_id = hashlib.sha256(("f" * 64 + STAMP["ended"]).encode()).hexdigest()[:16]

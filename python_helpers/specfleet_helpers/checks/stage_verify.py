@@ -509,6 +509,7 @@ def publish(
     rid = stamp.get("run_id") or run_id(str(stamp["fingerprint"]), stamp.get("ended"))
     written = {**stamp, "run_id": rid, "metrics": fresh, "manifest": listed}
     stamps.write(state_dir, written)
+    (state_dir / f"{written['stage']}.failed.json").unlink(missing_ok=True)
     if results is not None and checker is not None and not live_part(fresh):
         key = results.key(written, list(checker))
         if key is not None:

@@ -644,6 +644,45 @@ def effective_settings(host: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _cut(text: Any, limit: int) -> str:
+    """Jinja's truncate(limit): whole within limit + 5, else cut at a word and ended with '...'."""
+    said = "" if text is None else str(text)
+    if len(said) <= limit + 5:
+        return said
+    return said[: limit - 3].rsplit(" ", 1)[0] + "..."
+
+
+def gate_verdict(entry: dict[str, Any], report_dir: str) -> dict[str, Any]:
+    """What the validate role's gate does with a host after the report (its one task,
+    specfleet_verdict): {unreachable: true, msg} ends it as unreachable; {fail: msg} fails it
+    (its settings refused, a stage failed, a stage damaged, artifact tests failed); neither:
+    it passes. Stages skipped or stale (--tags, --check) do not fail it: the next full run
+    redoes them. A refusal's message is whole: it says what to fix."""
+    name, where = entry["name"], f"report: {report_dir}/fleet.md"
+    if not entry["reachable"] and not entry["failed_stage"]:
+        said = f"{name} is not green: unreachable: {_cut(entry.get('error') or '', 300)}; {where}"
+        return {"unreachable": True, "msg": said}
+    damaged = [s for s, r in entry["stages"].items() if r["status"] == DAMAGED]
+    tests = entry["artifact_tests"]
+    refused = entry.get("refused")
+    if isinstance(refused, dict):
+        why = f"settings refused ({refused.get('stage')}): {refused.get('error')}"
+    elif entry["failed_stage"]:
+        why = f"stage {entry['failed_stage']} failed: {_cut(entry.get('error') or '', 300)}"
+    elif damaged:
+        why = _cut("; ".join(f"{s} {entry['stages'][s].get('detail', '')}" for s in damaged), 600)
+    elif int(tests.get("failed") or 0) > 0:
+        failures = tests.get("failures") or [{}]
+        why = (
+            f"{tests['failed']} artifact test(s) failed: "
+            f"{', '.join(str(f.get('test', '')) for f in tests.get('failures') or [])} "
+            f"({_cut(failures[0].get('message', ''), 300)})"
+        )
+    else:
+        return {}
+    return {"fail": f"{name} is not green: {why}; {where}"}
+
+
 def not_green_reason(entry: dict[str, Any]) -> str:
     parts = []
     if entry["refused"]:
@@ -1287,6 +1326,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             h["name"]: h["not_green_reason"] for h in report["hosts"] if not h["green"]
         },
         "summary": summary_lines(report, os.path.abspath(args.out_dir)),
+        # What the gate does with each host (roles/validate/tasks/gate.yml).
+        "verdicts": {
+            h["name"]: gate_verdict(h, os.path.abspath(args.out_dir)) for h in report["hosts"]
+        },
     }
     print(json.dumps(line))
     return 0
