@@ -172,7 +172,8 @@ def test_a_role_by_its_full_name_from_another_project(project: Path) -> None:
         project,
         {"PWD": str(project), "ANSIBLE_CONFIG": str(project / "ansible.cfg")},
     )
-    assert "TASK [specfleet.ascend.npu_env : Write the environment state file]" in out, out
+    written = "Write the environment state file and the stage environment wrapper"
+    assert f"TASK [specfleet.ascend.npu_env : {written}]" in out, out
     record = json.loads((root / "state" / "npu_env.json").read_text())
     assert record["profile"] == "cpu", record
     # the helpers the hosts run came from the installed collection
@@ -309,5 +310,5 @@ def test_the_python_entry_point(tmp_path: Path) -> None:
     assert (Path(result["report_dir"]) / "fleet.html").is_file()
     assert result["summary"][-1].startswith(f"report: {result['report_dir']}/fleet.html"), result
     # the console streamed: plays, recap and summary, without the poll noise
-    assert "PLAY [Provision hosts" in out and "PLAY RECAP" in out and "SUMMARY" in out, out
+    assert "PLAY [Run the stages" in out and "PLAY RECAP" in out and "SUMMARY" in out, out
     assert "FAILED - RETRYING" not in out

@@ -551,7 +551,7 @@ def test_4_a_second_run_on_a_busy_host(complete: Pipeline):
         f"host lock {lock_file} is held by run {holder['token']}",
         f"controller {controller}",
         f"pid {a.pid}",
-        "play Provision hosts",
+        "play Run the stages",
         "specfleet_lock_wait_s",
     ):
         assert expected in message, (expected, b1.tail())
@@ -588,7 +588,7 @@ def test_4_a_second_run_on_a_busy_host(complete: Pipeline):
     )
 
 
-def lock_of(pid: int, play: str = "Provision hosts (environment checks, speculators)") -> dict:
+def lock_of(pid: int, play: str = "Run the stages") -> dict:
     """A host lock as another run of this controller would have written it, heartbeat fresh."""
     now = time.time()
     return {
@@ -639,7 +639,7 @@ def test_4_a_held_lock_stops_a_run_at_once_or_makes_it_wait(pipeline: Pipeline):
             f"host lock {lock_file} is held by run {lock['token']}",
             f"controller {socket.gethostname()}",
             f"pid {holder.pid}",
-            "play Provision hosts",
+            "play Run the stages",
             "specfleet_lock_wait_s",
         ):
             assert expected in refused.text, (expected, refused.tail())

@@ -197,9 +197,14 @@ class Play:
         return "\n".join(self.result.stdout.splitlines()[-lines:])
 
     def plan(self) -> str:
-        """The models stage's plan line ('models: up to date, skipping ...' / 'running: ...')."""
+        """The models stage's plan line ('models: up to date, skipping ...' / 'running: ...'):
+        its line of the play's plan, or its role's own decision when it ran."""
         for res in self.result.task_results(f"Plan: {STAGE}"):
             return str(res.get("msg", ""))
+        for res in self.result.task_results("Plan the stages"):
+            for line in res.get("specfleet_plan") or []:
+                if line.startswith(f"{STAGE}: "):
+                    return str(line)
         return ""
 
     def failed_results(self) -> list[dict[str, Any]]:

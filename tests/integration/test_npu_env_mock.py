@@ -238,8 +238,8 @@ def test_auto_picks_npu_when_npu_smi_is_on_path(npu_host: MockNpuHost) -> None:
         mock_npu_smi_on_path=True,
     )
     assert not result.failed, result.failure_messages() or result.stdout[-4000:]
-    shown = result.task_results("Show the profile")
-    assert shown and shown[0]["msg"].startswith("profile npu (detected)"), shown
+    shown = result.task_results("Resolve the profile")
+    assert shown and shown[0]["specfleet_plan"].startswith("profile npu (detected)"), shown
     state = json.loads(npu_host.state_file.read_text())
     assert state["profile"] == "npu"
     assert state["accelerator_setting"] == "auto"

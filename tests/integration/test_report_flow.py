@@ -150,16 +150,16 @@ def unreachable(tmp: Path) -> Run:
 
 
 def lost_mid_run(tmp: Path) -> tuple[Run, str, Run]:
-    """A refused run leaves a report; then a run whose host is lost when the pipeline play
-    starts: its connection is local until then and ssh to a closed port from then on, so the
-    host answers the provision play (npu_env) and is unreachable at the pipeline's first
-    task, and Ansible ends the playbook there, before validate.yml."""
+    """A refused run leaves a report; then a run whose host is lost once the stages are
+    planned: its connection is local until then and ssh to a closed port from then on, so the
+    host answers npu_env and the plan, and is unreachable at speculators_install's first
+    command, and Ansible ends the playbook there, before validate.yml."""
     work = tmp / "lost"
     work.mkdir(parents=True)
     first = play(work, "lost-first", ("serve_gpu_memory_utilization=1.5",))
     older = os.readlink(first.reports / "latest") if (first.reports / "latest").is_symlink() else ""
     host = {
-        "ansible_connection": "{{ 'ssh' if ansible_play_name is search('pipeline') else 'local' }}",
+        "ansible_connection": "{{ 'ssh' if specfleet_stage_plan is defined else 'local' }}",
         "ansible_host": "127.0.0.1",
         "ansible_port": closed_port(),
         "ansible_python_interpreter": str(REPO / ".venv" / "bin" / "python"),
@@ -168,7 +168,9 @@ def lost_mid_run(tmp: Path) -> tuple[Run, str, Run]:
     }
     inventory = work / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"lost-a": host}}}))
-    lost = play(work, "lost", relaxed(), "--tags", "npu_env", inventory=inventory)
+    lost = play(
+        work, "lost", relaxed(), "--tags", "npu_env,speculators_install", inventory=inventory
+    )
     return first, older, lost
 
 
@@ -288,7 +290,7 @@ def test_a_host_lost_mid_run_still_gets_a_report_and_latest_moves(
     first, older, run = finished(runs, "lost")
     assert first.rc not in (0, -1) and older, first.tail()
     assert run.rc not in (0, -1), run.tail()
-    # Ansible ended the playbook in the pipeline play: validate.yml never started.
+    # Ansible ended the playbook in the stages play: validate.yml never started.
     assert "PLAY [Validate the fleet" not in run.stdout, run.tail()
     assert "specfleet: the run ended before its report" in run.flat(), run.tail()
     latest = os.readlink(run.reports / "latest")
@@ -296,13 +298,14 @@ def test_a_host_lost_mid_run_still_gets_a_report_and_latest_moves(
     doc = report(run.reports)
     assert doc["report_id"] == latest, doc["report_id"]
     assert not doc["green"], doc
-    assert "Run the DFlash pipeline" in (doc["ended_early"] or ""), doc["ended_early"]
+    assert "Run the stages" in (doc["ended_early"] or ""), doc["ended_early"]
     host = host_of(doc, "lost-a")
     assert not host["reachable"] and host["not_green_reason"] == "unreachable", host
     assert "Connection refused" in (host["error"] or ""), host
-    # what the run did before it lost the host is kept: npu_env ran in the provision play
+    # what the run did before it lost the host is kept: npu_env ran before the plan
     assert host["stages"]["npu_env"]["status"] == "passed", host["stages"]["npu_env"]
-    assert host["stages"]["models"]["status"] == "unreachable", host["stages"]["models"]
+    lost_at = host["stages"]["speculators_install"]
+    assert lost_at["status"] == "unreachable", lost_at
     md = (run.reports / latest / "fleet.md").read_text()
     assert "The run ended before its report" in md, md
 
@@ -491,7 +494,7 @@ def test_ara_records_the_run_and_its_cli_reads_it_back(runs: dict[str, Future[An
     tasks = ara(database, "task", "list", "--playbook", str(recorded["id"]), "--limit", "1000")
     names = {t["name"] for t in tasks}
     # the plays' own tasks, from npu_env's checks to the report
-    assert any("Check the CPU profile's Python" in n for n in names), sorted(names)
+    assert any("the CPU profile's Python and CPU flags" in n for n in names), sorted(names)
     assert any("fleet report" in n for n in names), sorted(names)
     results = ara(database, "result", "list", "--playbook", str(recorded["id"]), "--limit", "1000")
     assert len(results) >= len(tasks) - 5 and all(r["duration"] is not None for r in results)

@@ -8,9 +8,9 @@ playbook-level group_vars/, which outrank inventory group vars: `specfleet_root`
 
   inventory file, group vars   specfleet_root under atlas-a2's vars: the work root the
                                provision play would create (--check: nothing is created)
-  inventory-adjacent group_vars  specfleet_num_speculative_tokens: 16 (a per-group hardware
-                               value) in <inventory dir>/group_vars/atlas-a2.yml: the serve
-                               settings check refuses it (vllm-ascend's limit is 15)
+  inventory-adjacent group_vars  serve_num_speculative_tokens: 16 (a value one group sets) in
+                               <inventory dir>/group_vars/atlas-a2.yml: the serve settings
+                               check refuses it (vllm-ascend's limit is 15)
 
 Each run is one real ansible-playbook on this machine (~15-40 s). Run explicitly:
     .venv/bin/python -m pytest -q tests/integration/test_settings_precedence.py
@@ -115,7 +115,7 @@ def test_inventory_adjacent_group_vars_set_a_hardware_value(tmp_path: Path) -> N
     inventory = write_inventory(
         tmp_path / "inventory",
         {"specfleet_root": str(tmp_path / "root"), "specfleet_accelerator": "npu"},
-        adjacent={"specfleet_num_speculative_tokens": 16},
+        adjacent={"serve_num_speculative_tokens": 16},
     )
     run = play(
         "site.yml",

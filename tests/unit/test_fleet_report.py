@@ -1150,24 +1150,24 @@ def test_the_gate_verdicts_name_why_a_host_fails() -> None:
         "stages": {"models": {"status": "passed", "detail": ""}},
         "artifact_tests": {},
     }
-    where = "report: /r/fleet.md"
+    where = "\nreport: /r/fleet.md"
     verdict = fleet_report.gate_verdict
     assert verdict(base, "/r") == {}
     assert verdict({**base, "reachable": False, "error": "ssh: timed out"}, "/r") == {
         "unreachable": True,
-        "msg": f"h1 is not green: unreachable: ssh: timed out; {where}",
+        "msg": f"h1 is not green: unreachable: ssh: timed out;{where}",
     }
     refused = {**base, "refused": {"stage": "train", "error": "x" * 400}}
     assert verdict(refused, "/r") == {
-        "fail": f"h1 is not green: settings refused (train): {'x' * 400}; {where}"
+        "fail": f"h1 is not green: settings refused (train): {'x' * 400};{where}"
     }
     failed = {**base, "failed_stage": "data", "error": "boom"}
-    assert verdict(failed, "/r")["fail"] == f"h1 is not green: stage data failed: boom; {where}"
+    assert verdict(failed, "/r")["fail"] == f"h1 is not green: stage data failed: boom;{where}"
     damaged = {**base, "stages": {"models": {"status": "damaged", "detail": "config.json changed"}}}
     assert "models config.json changed" in verdict(damaged, "/r")["fail"]
     tests = {**base, "artifact_tests": {"failed": 1, "failures": [{"test": "t1", "message": "m"}]}}
     assert verdict(tests, "/r")["fail"] == (
-        f"h1 is not green: 1 artifact test(s) failed: t1 (m); {where}"
+        f"h1 is not green: 1 artifact test(s) failed: t1 (m);{where}"
     )
     stale = {**base, "stages": {"models": {"status": "would_run", "detail": "would run: x"}}}
     assert verdict(stale, "/r") == {}

@@ -658,9 +658,10 @@ def gate_verdict(entry: dict[str, Any], report_dir: str) -> dict[str, Any]:
     (its settings refused, a stage failed, a stage damaged, artifact tests failed); neither:
     it passes. Stages skipped or stale (--tags, --check) do not fail it: the next full run
     redoes them. A refusal's message is whole: it says what to fix."""
-    name, where = entry["name"], f"report: {report_dir}/fleet.md"
+    # The report on a line of its own under the message (what the console shows last).
+    name, where = entry["name"], f"\nreport: {report_dir}/fleet.md"
     if not entry["reachable"] and not entry["failed_stage"]:
-        said = f"{name} is not green: unreachable: {_cut(entry.get('error') or '', 300)}; {where}"
+        said = f"{name} is not green: unreachable: {_cut(entry.get('error') or '', 300)};{where}"
         return {"unreachable": True, "msg": said}
     damaged = [s for s, r in entry["stages"].items() if r["status"] == DAMAGED]
     tests = entry["artifact_tests"]
@@ -680,7 +681,7 @@ def gate_verdict(entry: dict[str, Any], report_dir: str) -> dict[str, Any]:
         )
     else:
         return {}
-    return {"fail": f"{name} is not green: {why}; {where}"}
+    return {"fail": f"{name} is not green: {why};{where}"}
 
 
 def not_green_reason(entry: dict[str, Any]) -> str:
