@@ -1,6 +1,6 @@
 """specfleet_settings: every setting of every stage role, checked in one task before any host work.
 
-The provision play's first task after reaching the host (playbooks/provision.yml). In order:
+The stages play's first task after reaching the host (playbooks/stages.yml). In order:
 
 1. the names: a variable given from the inventory or with -e under the project's prefixes that
    no role's meta/argument_specs.yml declares is refused with the closest declared name

@@ -1,7 +1,8 @@
-"""A role's variables as its own tasks see them, for a check that runs outside the role.
+"""A role's variables as its own tasks see them, for work that runs outside the role.
 
 The settings check (plugins/action/specfleet_settings.py) checks every stage role's settings
-in the provision play's first task, before any role has run: each role's defaults and vars
+before any role has run, the plan (specfleet_stage_plan.py) decides every stage before its role
+is included, and the setting lookup reads another role's setting: each role's defaults and vars
 are read from its files here and put under what the task sees (inventory, extra vars, the
 play's vars and facts), which is the order Ansible gives them, but for role vars, which no
 setting is meant to override (they hold the role's derived `_<role>_*` names).
