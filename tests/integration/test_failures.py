@@ -426,7 +426,8 @@ def test_1c_edited_converted_config_redoes_convert(complete: Pipeline, what: str
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
     run = complete.run(f"1c-edited-convert-{what.replace(' ', '-')}")
-    assert_redone_exactly(complete, run, before, before_bytes, "convert", {"convert"})
+    # serve too: its yardstick is the converted draft (serve needs convert with serve_yardstick).
+    assert_redone_exactly(complete, run, before, before_bytes, "convert", {"convert", "serve"})
     assert json.loads(config_path.read_text()) == original, "the edit survived the run"
     print(f"  convert ({what}): {complete.stamps()['convert']['reason']}")
 
