@@ -91,8 +91,8 @@ class ActionModule(DecideAction):
             self._templar = base.copy_with_new_env(
                 available_variables=self._stage_scope(stage, task_vars)
             )
-            ahead = [s for s in to_run if runs.get(s) == "pending"]
-            if ahead and self._needs_any(stage, task_vars, runs, ahead):
+            ahead = self._needed_ahead(stage, task_vars, runs, to_run)
+            if ahead:
                 if check_mode:
                     planned = pending_plan(stage, ahead, runs, results)
                     runs, results = dict(planned["stage_runs"]), dict(planned["run_results"])
@@ -110,7 +110,7 @@ class ActionModule(DecideAction):
                     preconditions=False,
                 )
             except AnsibleError as exc:
-                outcome = {"failed": True, "msg": str(exc).splitlines()[0]}
+                outcome = {"failed": True, "msg": (str(exc).splitlines() or [repr(exc)])[0]}
             if outcome.get("failed"):
                 # Its role decides again and says why it cannot run (missing upstream, ...).
                 runs[stage] = "pending"
@@ -158,12 +158,14 @@ class ActionModule(DecideAction):
         own = role_scope(self._loader, stage, task_vars)
         return ChainMap({"stage_name": stage}, role_scope(self._loader, "stage", own))
 
-    def _needs_any(
-        self, stage: str, task_vars: Mapping[str, Any], runs: Mapping[str, str], ahead: list[str]
-    ) -> bool:
-        """Whether the stage needs one of the stages `ahead` (about to run in this play)."""
+    def _needed_ahead(
+        self, stage: str, task_vars: Mapping[str, Any], runs: Mapping[str, str], to_run: list[str]
+    ) -> list[str]:
+        """The stages it needs that are about to run in this play (none: it is decided)."""
+        if not to_run:
+            return []
         found = find_upstream(self._templar, WHO, stage, self._declared(stage, task_vars), runs)
-        return any(s in ahead for s in found["needs"])
+        return [s for s in found["needs"] if s in to_run]
 
     def _decision_args(
         self,
