@@ -9,7 +9,7 @@ environment, a working directory, stdin and the JSON parsed:
     - name: Take the host lock
       specfleet.ascend.specfleet_command:
         argv: ["{{ specfleet_host_python }}", -m, specfleet_helpers.host.session, open, ...]
-        env: "{{ specfleet_helper_env }}"   # this command only (no task environment:)
+        env: "{{ specfleet_session.env }}"   # this command only (no task environment:)
         json: true                          # stdout parsed into `json`; unparsable output fails
       register: opened
 

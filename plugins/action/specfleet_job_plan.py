@@ -133,15 +133,12 @@ class ActionModule(ActionBase):
             results[stage] = {"status": "would_run", "reason": plan["reason"], "duration_s": None}
         else:
             results.pop(stage, None)  # a stage that runs is noted when it ends
-        outcome = dict(task_vars.get("stage_outcome") or {})
-        outcome["ran"] = True
         set_facts(
             self,
             {
                 "stage_decision": mine,
                 "specfleet_stage_runs": runs,
                 "specfleet_run_results": results,
-                "stage_outcome": outcome,
             },
         )
         result.update(changed=False, redo=True, reason=plan["reason"], msg=line)

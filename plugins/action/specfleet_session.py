@@ -14,11 +14,12 @@ In a run's first play, in order:
    of this controller whose ansible-playbook is gone is a dead run's, taken over at once; a
    live run's is waited for (`wait_s`), then the host stops with the holder named. A takeover
    and a work root directory whose mode was set again are reported as changes.
-3. what earlier runs left, as the facts the stages read: specfleet_stamps, specfleet_failures,
-   specfleet_stage_runs, specfleet_outputs (each stage's declared outputs read from its stamp,
-   plugins/filter/outputs.py), specfleet_session_verification, specfleet_session_files, and
-   the run's own: specfleet_run_token, specfleet_run_started, specfleet_run_results,
-   specfleet_helper_env, specfleet_lock_held, session_started.
+3. the facts the stages read: `specfleet_session`, the session's record: what earlier runs
+   left (`stamps`, `failures`, the `verification` of the stamped stages, the checksums of the
+   play's `files`) and the run's own (`token`, `started`, `env`: how a helper runs on the host,
+   `lock_held`); and the first values of specfleet_stage_runs, specfleet_outputs (each stage's
+   declared outputs read from its stamp, plugins/filter/outputs.py) and specfleet_run_results,
+   which the stages update (docs/architecture.md, "Facts that cross roles").
 
 A later play of the same run finds the session started and only refreshes the lock's
 heartbeat (a lock another controller took over as stale stops the host there).
@@ -99,10 +100,10 @@ class ActionModule(ActionBase):
         args = self._options()
         check_mode = bool(self._task.check_mode)
         result["changed"] = False
-        if task_vars.get("session_started"):
-            return self._heartbeat(result, args, task_vars, check_mode)
+        if task_vars.get("specfleet_session"):
+            return self._heartbeat(result, args, task_vars["specfleet_session"], check_mode)
 
-        token = str(task_vars.get("specfleet_run_token") or self._new_token())
+        token = self._new_token()
         env = dict(args["env"])
         lib = f"{args['root']}/lib/specfleet_helpers.zip"
         bundle = self._bundle(args["bundle"])
@@ -155,18 +156,19 @@ class ActionModule(ActionBase):
         outputs = stamps_outputs(stamps, task_vars.get("specfleet_stages") or {})
         outputs.update(task_vars.get("specfleet_outputs") or {})
         facts = {
-            "specfleet_run_token": token,
-            "specfleet_helper_env": env,
-            "specfleet_stamps": stamps,
-            "specfleet_failures": state.get("failures") or {},
-            "specfleet_run_started": task_vars.get("specfleet_run_started") or time.time(),
+            "specfleet_session": {
+                "token": token,
+                "started": time.time(),
+                "env": env,
+                "stamps": stamps,
+                "failures": state.get("failures") or {},
+                "verification": opened.get("verification") or {},
+                "files": opened.get("files") or {},
+                "lock_held": not check_mode,
+            },
             "specfleet_run_results": task_vars.get("specfleet_run_results") or {},
             "specfleet_stage_runs": runs,
             "specfleet_outputs": outputs,
-            "specfleet_session_verification": opened.get("verification") or {},
-            "specfleet_session_files": opened.get("files") or {},
-            "specfleet_lock_held": not check_mode,
-            "session_started": True,
         }
         set_facts(self, facts)
         result["msg"] = self._summary(args["root"], result, stamps, check_mode)
@@ -179,18 +181,18 @@ class ActionModule(ActionBase):
     # --- the steps -----------------------------------------------------------------------
 
     def _heartbeat(
-        self, result: dict[str, Any], args: Mapping[str, Any], task_vars: Mapping[str, Any],
+        self, result: dict[str, Any], args: Mapping[str, Any], session: Mapping[str, Any],
         check_mode: bool,
     ) -> dict[str, Any]:  # fmt: skip
         """A later play: the lock is still this run's (its heartbeat refreshed)."""
-        if check_mode or not task_vars.get("specfleet_lock_held"):
+        if check_mode or not session.get("lock_held"):
             result["msg"] = "session started by an earlier play of this run"
             return result
         done = self._run(
             [args["python"], "-m", "specfleet_helpers.host.host_lock", "heartbeat",
              f"--lock={args['root']}/run/lock.json",
-             f"--token={task_vars.get('specfleet_run_token')}"],
-            task_vars.get("specfleet_helper_env") or args["env"],
+             f"--token={session.get('token')}"],
+            session.get("env") or args["env"],
         )  # fmt: skip
         if done.get("rc") != 0:
             result.update(

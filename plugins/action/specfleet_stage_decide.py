@@ -39,9 +39,10 @@ lookup's copy of every variable of the task (_render_script).
 
 Returns redo, reason, pending, fingerprint, inputs (with script_sha256), script, previous (the
 stamp), checker, stage_runs / run_results (the play's specfleet_stage_runs and
-specfleet_run_results with this stage's entry) and metrics. It sets those two as facts, with
-stage_upstream and stage_outcome ({ran, metrics}), as set_fact would: a set_fact task of its
-own after every decision cost each stage a task on every run, no-op runs included. A stage's
+specfleet_run_results with this stage's entry) and metrics (the stamp's; finish.yml puts a
+new run's in their place). It sets those two as facts, with stage_upstream, as set_fact would: a
+set_fact task of its own after every decision cost each stage a task on every run, no-op runs
+included. A stage's
 outputs are not its decision's business: the session read them from the stamps, and a stage
 that runs publishes its new ones when it ends (plugins/filter/outputs.py).
 """
@@ -305,14 +306,10 @@ class ActionModule(ActionBase):
         )
         # What a user reads of this task (plugins/callback/progress.py prints it).
         result["specfleet_plan"] = result["msg"]
-        # finish.yml replaces the metrics with the new run's (in --check mode a stage that
-        # would run keeps the old ones).
-        outcome = {"ran": redo, "metrics": result["metrics"]}
         return result, {
             "specfleet_stage_runs": stage_runs,
             "specfleet_run_results": run_results,
             "stage_upstream": found,
-            "stage_outcome": outcome,
         }
 
     def _forget(self, stages: list[str], state_dir: str) -> None:

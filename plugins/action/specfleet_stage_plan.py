@@ -125,7 +125,7 @@ class ActionModule(DecideAction):
         self._templar = base
         # Up to date, or passed earlier in this play (npu_env): an earlier run's failure record
         # of it no longer stands.
-        failures = task_vars.get("specfleet_failures") or {}
+        failures = (task_vars.get("specfleet_session") or {}).get("failures") or {}
         forget = [
             stage
             for stage in failures
@@ -174,20 +174,21 @@ class ActionModule(DecideAction):
         runs: Mapping[str, str],
         results: Mapping[str, Any],
     ) -> dict[str, Any]:
-        verification = task_vars.get("specfleet_session_verification") or {}
+        session = task_vars.get("specfleet_session") or {}
+        verification = session.get("verification") or {}
         return {
             "stage": stage,
             **DECISION_ARGS,
             "script_template": self._value("stage_script_template | default('', true) or none"),
-            "stamp": (task_vars.get("specfleet_stamps") or {}).get(stage) or {},
+            "stamp": (session.get("stamps") or {}).get(stage) or {},
             "forced": stage in (self._value("specfleet_force_stages") or []),
             "prechecked": verification.get(stage),
-            "failure_recorded": stage in (task_vars.get("specfleet_failures") or {}),
+            "failure_recorded": stage in (session.get("failures") or {}),
             "stage_runs": dict(runs),
             "run_results": dict(results),
             "state_dir": str(self._value("specfleet_state_dir")),
             "python": str(self._value("specfleet_host_python")),
-            "env": self._value("specfleet_helper_env") or {},
+            "env": session.get("env") or {},
         }
 
     def _value(self, expression: str) -> Any:

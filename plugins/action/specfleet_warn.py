@@ -7,7 +7,7 @@ nothing failed, such as hardware the image is not documented for:
     - name: Warn of a part the image is not built for
       specfleet.ascend.specfleet_warn:
         msg: "Ascend 950PR: the -a5 image is built for 950DT ..."
-      when: specfleet_npu.variant == '950PR'
+      when: specfleet_env.npu.variant == '950PR'
 
 Returns msg; never changed; runs in --check mode (it changes nothing on the host).
 """

@@ -259,12 +259,13 @@ class CallbackModule(CallbackBase):
             if name in self._lost:
                 continue
             facts = self._vars(host)
-            if facts.get("specfleet_host_stopped") or not facts.get("specfleet_run_token"):
+            session = facts.get("specfleet_session") or {}
+            if facts.get("specfleet_host_stopped") or not session.get("token"):
                 continue  # unreachable, refused, or the run took no lock there
             hosts[name] = {
                 "run": dict(facts.get("specfleet_run_results") or {}),
-                "token": str(facts["specfleet_run_token"]),
-                "started": facts.get("specfleet_run_started"),
+                "token": str(session["token"]),
+                "started": session.get("started"),
             }
         return list(hosts), {"where": self._interrupted, "hosts": hosts}
 

@@ -41,7 +41,10 @@ def test_npu_smi_is_mounted_from_where_the_host_has_it(tmp_path: Path) -> None:
         return {
             "name": name,
             "ansible.builtin.set_fact": {"mounts": "{{ _npu_smi_mounts }}"},
-            "vars": {**smi_vars, "specfleet_host": {"tools": {"npu-smi": found}}},
+            "vars": {
+                **smi_vars,
+                "specfleet_env": {"profile": "npu", "probe": {"tools": {"npu-smi": found}}},
+            },
         }
 
     check = task(CHECK_TASK)
@@ -54,23 +57,29 @@ def test_npu_smi_is_mounted_from_where_the_host_has_it(tmp_path: Path) -> None:
             {
                 **check_case,
                 "name": "missing",
-                "vars": {"specfleet_host": {"tools": {"npu-smi": None}}},
+                "vars": {
+                    "specfleet_env": {"profile": "npu", "probe": {"tools": {"npu-smi": None}}}
+                },
             },
             {
                 **check_case,
                 "name": "found",
-                "vars": {"specfleet_host": {"tools": {"npu-smi": "/x/npu-smi"}}},
+                "vars": {
+                    "specfleet_env": {
+                        "profile": "npu",
+                        "probe": {"tools": {"npu-smi": "/x/npu-smi"}},
+                    }
+                },
             },
             {
                 **check_case,
                 "name": "cpu",
                 "vars": {
-                    "specfleet_host": {"tools": {"npu-smi": None}},
-                    "specfleet_profile": "cpu",
+                    "specfleet_env": {"profile": "cpu", "probe": {"tools": {"npu-smi": None}}},
                 },
             },
         ],
-        play_vars={"npu_env_npu_smi": "npu-smi", "specfleet_profile": "npu"},
+        play_vars={"npu_env_npu_smi": "npu-smi"},
     )
     res = run.results
     # at the probe's path, and where the image's PATH and vllm-ascend's `docker run` have it

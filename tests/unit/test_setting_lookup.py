@@ -37,7 +37,7 @@ def test_the_owning_roles_default_unless_given(tmp_path: Path) -> None:
         },
     ]
     # data's default is templated in data's scope: 512 on the cpu profile (8192 on npu).
-    run = run_cases(tmp_path, cases, {"specfleet_profile": "cpu"}, roles=["specfleet"])
+    run = run_cases(tmp_path, cases, {"specfleet_env": {"profile": "cpu"}}, roles=["specfleet"])
     assert run.results["default"]["ansible_facts"]["v"] == 512, run.results["default"]
     assert run.results["given"]["ansible_facts"]["v"] == 3
     assert "role data has no setting data_no_such" in run.results["unknown"]["msg"]

@@ -30,7 +30,7 @@ CASES: dict[str, dict[str, Any]] = {
     "list_as_string": {"serve_extra_args": "--a,--b"},
     # models' rules tell the verifier's shape to the roles after it (a fact of the check only)
     "layer_beyond_the_verifier": {"hidden_states_target_layer_ids": [1, 99]},
-    "npu_token_limit": {"serve_num_speculative_tokens": 16, "specfleet_profile": "npu"},
+    "npu_token_limit": {"serve_num_speculative_tokens": 16, "specfleet_env": {"profile": "npu"}},
 }
 
 
@@ -43,7 +43,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
             {
                 "name": case,
                 "specfleet.ascend.specfleet_settings": {"roles": STAGE_ROLES, "names": False},
-                "vars": {"specfleet_profile": "cpu", **given},
+                "vars": {"specfleet_env": {"profile": "cpu"}, **given},
             }
         )
         cases.append(

@@ -42,7 +42,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("specfleet-env")
     ascend, lib = work / "Ascend", work / "lib"
     npu_vars = {
-        "specfleet_profile": "npu",
+        "specfleet_env": {"profile": "npu", "runtime": "host"},
         "specfleet_cann_env_files": [
             f"{ascend}/ascend-toolkit/set_env.sh",
             f"{ascend}/cann-*/{IR}",
@@ -58,10 +58,10 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "npu": npu_vars,
         # The shipped defaults, as they render for a real host.
         "npu-default": {
-            "specfleet_profile": "npu",
+            "specfleet_env": {"profile": "npu", "runtime": "host"},
             "specfleet_cann_env_files": FLEET_DEFAULTS["specfleet_cann_env_files"],
         },
-        "cpu": {**npu_vars, "specfleet_profile": "cpu"},
+        "cpu": {**npu_vars, "specfleet_env": {"profile": "cpu", "runtime": "host"}},
     }
     tasks = []
     for name, task_vars in cases.items():
@@ -81,7 +81,6 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         **ROLE_VARS,
         "npu_env_cann_ld_library_paths": ROLE_DEFAULTS["npu_env_cann_ld_library_paths"],
         "specfleet_root": str(work / "root"),
-        "specfleet_runtime_resolved": "host",
         "specfleet_npu_devices": "all",
     }
     run = run_cases(work, tasks, play_vars=play_vars)

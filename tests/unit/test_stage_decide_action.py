@@ -165,7 +165,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                 "name": "facts_after_up_to_date",
                 "ansible.builtin.debug": {
                     "msg": "{{ {'runs': specfleet_stage_runs, 'results': specfleet_run_results,"
-                    " 'outcome': stage_outcome} }}"
+                    " 'upstream': stage_upstream} }}"
                 },
             },
             # A refused precondition: its message, and nothing it guards is templated.
@@ -259,7 +259,7 @@ def test_an_up_to_date_stage_is_verified_on_the_host_and_skipped(run: dict[str, 
     # The facts every later stage reads, set as set_fact would (no task of their own).
     facts = run["results"]["facts_after_up_to_date"]["msg"]
     assert facts["runs"] == r["stage_runs"] and facts["results"] == r["run_results"]
-    assert facts["outcome"] == {"ran": False, "metrics": r["metrics"]}
+    assert facts["upstream"]["run_ids"] == {"data": "d1"}, facts
 
 
 def test_a_refused_precondition_fails_the_stage_with_its_message(run: dict[str, Any]) -> None:
