@@ -243,7 +243,13 @@ def test_the_execution_environment_build_context(built: Path, tmp_path: Path) ->
         tmp_path,
     )
     context = tmp_path / "context"
-    containerfile = (context / "Containerfile").read_text()
+    # Containerfile where podman is installed, Dockerfile where it is not (ansible-builder's
+    # default runtime is podman, and create names the file for the runtime it finds).
+    written = [
+        context / name for name in ("Containerfile", "Dockerfile") if (context / name).is_file()
+    ]
+    assert len(written) == 1, sorted(context.iterdir())
+    containerfile = written[0].read_text()
     controller = pins(REPO / "requirements" / "controller.txt")
     for package in ("ansible-core", "ansible-runner"):
         assert f"{package}=={controller[package]}" in containerfile, (package, containerfile)
