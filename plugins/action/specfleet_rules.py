@@ -34,6 +34,7 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.compiled_once import compiled_once
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.rules import check_rules
 
@@ -55,6 +56,7 @@ class ActionModule(ActionBase):
             return value
         return super().finalize_task_arg(name, value, templar, context)
 
+    @compiled_once()
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         rules = self._task.args.get("rules", [])

@@ -59,6 +59,7 @@ from ansible.errors import AnsibleActionFail, AnsibleFileNotFound
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
 from ansible.plugins.filter.core import get_hash, to_json
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.compiled_once import compiled_once
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.rules import check_rules
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.templates import render_file
@@ -185,6 +186,7 @@ class ActionModule(ActionBase):
             return value
         return super().finalize_task_arg(name, value, templar, context)
 
+    @compiled_once()
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super().run(tmp, task_vars)
         args = self._options()

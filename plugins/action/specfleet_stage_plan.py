@@ -45,6 +45,7 @@ from ansible_collections.specfleet.ascend.plugins.action.specfleet_settings impo
 from ansible_collections.specfleet.ascend.plugins.action.specfleet_stage_decide import (
     ActionModule as DecideAction,
 )
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.compiled_once import compiled_once
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.role_scope import role_scope
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.upstream import (
@@ -74,6 +75,7 @@ class ActionModule(DecideAction):
     _supports_check_mode = True
     _supports_async = False
 
+    @compiled_once()
     def run(self, tmp: Any = None, task_vars: dict[str, Any] | None = None) -> dict[str, Any]:
         result = super(DecideAction, self).run(tmp, task_vars)
         task_vars = task_vars or {}
