@@ -42,9 +42,8 @@ stamp), checker, stage_runs / run_results (the play's specfleet_stage_runs and
 specfleet_run_results with this stage's entry) and metrics (the stamp's; finish.yml puts a
 new run's in their place). It sets those two as facts, with stage_upstream, as set_fact would: a
 set_fact task of its own after every decision cost each stage a task on every run, no-op runs
-included. A stage's
-outputs are not its decision's business: the session read them from the stamps, and a stage
-that runs publishes its new ones when it ends (plugins/filter/outputs.py).
+included. A stage's outputs are not its decision's business: the session read them from the
+stamps, and a stage that runs publishes its new ones when it ends (plugins/filter/outputs.py).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Within `compiled_once()`, what Jinja compiles a source to (a code object: Jinja'
 cache keeps the same) is kept for the task's process and used again for the same source, and
 kept on the controller too, in `$XDG_CACHE_HOME/specfleet/` (else ~/.cache/specfleet/; one
 directory per Python, Jinja and ansible-core version), where the next host's worker and the
-next run find it: the fleet's hosts compile the same templates. The
-key is everything the code depends on: the source (an expression's text for an expression),
+next run find it: the fleet's hosts compile the same templates. The key is everything the
+code depends on: the source (an expression's text for an expression),
 the environment's class, the lexer's settings a template may override, the Jinja options that
 change code generation, the template's name, and Ansible's escape_backslashes setting of the
 compilation. Each use still makes its own template object around the code, bound to its own
