@@ -14,7 +14,8 @@ environment, a working directory, stdin and the JSON parsed:
       register: opened
 
 Returns rc, stdout, stderr (and their _lines), cmd and, with json, json (under the key
-`json_as` names too: specfleet_summary, the validate role's last word). Fails on a non-zero
+`json_as` names too: specfleet_summary, the validate role's last word); a JSON object's
+`warnings` (a list of lines) become the task's warnings. Fails on a non-zero
 exit, with the end of stderr (or of stdout, when stderr is empty) as its message (failed_when
 overrides it); never `changed` (changed_when for a command that changes
 something). Skipped in --check mode like the command module, unless the task says
@@ -109,4 +110,9 @@ class ActionModule(ActionBase):
                     )
             if args.get("json_as"):
                 result[str(args["json_as"])] = result["json"]
+            # A helper's lines for the user (a mode it set again): Ansible shows warnings at
+            # every verbosity, where a registered result's fields are seen only with -v.
+            said = result["json"].get("warnings") if isinstance(result["json"], dict) else None
+            if isinstance(said, list) and said:
+                result["warnings"] = [str(line) for line in said]
         return result

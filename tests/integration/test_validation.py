@@ -15,7 +15,8 @@ After A and D, one site.yml run redoes the damaged stages and only what depends 
 validate.yml is green again.
   E. data_source: file end to end;
   F. serve_mode service: left serving, kept by a no-op run (same pid; the artifact suite's
-     pass kept too, and run again when the work root is made world-writable, which it finds),
+     pass kept too, and run again when the env wrapper loses its execute bit, which it finds,
+     and when the work root is made world-writable, which the validation sets right and says),
      back after a kill, stopped by playbooks/stop-serving.yml and deployed again by the next
      run, redeployed when train_epochs changes.
 
@@ -397,14 +398,23 @@ def test_f_service_left_serving_kept_by_a_no_op_back_after_a_kill_redeployed_on_
         assert kept["reused_from"] == run.fleet()["report_id"] and kept["failed"] == 0, kept
 
         # A change no stage's verifier looks at: the suite runs again, and finds it.
-        primed.root.chmod(primed.root.stat().st_mode | 0o002)
+        wrapper = primed.root / "run" / "specfleet-env"
+        wrapper.chmod(0o640)
         try:
-            opened = primed.play("f-root-world-writable", VALIDATE)
+            broken = primed.play("f-wrapper-not-executable", VALIDATE)
         finally:
-            primed.root.chmod(primed.root.stat().st_mode & ~0o002)
+            wrapper.chmod(0o750)
+        tests = broken.host()["artifact_tests"]
+        assert broken.rc != 0 and tests["reused_from"] is None, (tests, broken.tail())
+        assert [f["test"] for f in tests["failures"]] == ["test_env_wrapper_runs_commands"]
+        # The work root made writable by others: the validation sets the mode again, says so,
+        # and the suite runs again on the repaired root.
+        primed.root.chmod(primed.root.stat().st_mode | 0o002)
+        opened = primed.play("f-root-world-writable", VALIDATE)
+        assert not primed.root.stat().st_mode & 0o002
         tests = opened.host()["artifact_tests"]
-        assert opened.rc != 0 and tests["reused_from"] is None, (tests, opened.tail())
-        assert [f["test"] for f in tests["failures"]] == ["test_work_root_not_world_writable"]
+        assert opened.rc == 0 and tests["reused_from"] is None, (tests, opened.tail())
+        assert any(str(primed.root) in w for w in opened.host()["summary"]["warnings"])
 
         os.kill(first["main_pid"], 9)
         back = wait_for(

@@ -45,6 +45,12 @@ CASES: dict[str, dict[str, Any]] = {
         "failed_when": False,
     },
     "not_json": {"specfleet.ascend.specfleet_command": {"argv": ["echo", "plain"], "json": True}},
+    "json_warnings": {
+        "specfleet.ascend.specfleet_command": {
+            "argv": [PY, "-c", "import json; print(json.dumps({'warnings': ['set again: /x']}))"],
+            "json": True,
+        }
+    },
     "stdin_and_chdir": {
         "specfleet.ascend.specfleet_command": {
             "argv": [PY, "-c", "import os, sys; print(os.getcwd(), sys.stdin.read())"],
@@ -99,6 +105,12 @@ def test_output_that_is_not_json_fails_when_json_is_asked(
     assert (
         result["failed"] and "echo printed no JSON" in result["msg"] and "'plain'" in result["msg"]
     )
+
+
+def test_a_helpers_warnings_are_the_tasks(results: dict[str, dict[str, Any]]) -> None:
+    """A helper's `warnings` lines (a mode it set again) are shown at every verbosity."""
+    assert results["json_warnings"]["warnings"] == ["set again: /x"]
+    assert "warnings" not in results["json_with_env"]
 
 
 def test_stdin_and_the_working_directory(results: dict[str, dict[str, Any]]) -> None:

@@ -1171,3 +1171,14 @@ def test_the_gate_verdicts_name_why_a_host_fails() -> None:
     )
     stale = {**base, "stages": {"models": {"status": "would_run", "detail": "would run: x"}}}
     assert verdict(stale, "/r") == {}
+
+
+def test_modes_the_close_set_again_are_among_the_hosts_warnings(tmp_path):
+    """What the run's close found writable by others under the work root and set again is in
+    the report (the run said it as a warning too), not only in the run's output."""
+    restored = "/srv/specfleet/hidden_states (0757 -> 0755)"
+    doc = document({"a2-node1": {**host("atlas-a2"), "restored_modes": [restored]}})
+    out = run(tmp_path, doc).out
+    summary = json.loads((out / "fleet.json").read_text())["hosts"][0]["summary"]
+    assert len(summary["warnings"]) == 1 and restored in summary["warnings"][0]
+    assert restored.replace(">", "\\>") in (out / "fleet.md").read_text()

@@ -281,3 +281,54 @@ def test_close_signs_no_missing_work_root(root: Path):
     )
     assert rc == 0, err
     assert result["signature"] is None
+
+
+def test_close_restores_what_others_may_write_and_says_so(root: Path):
+    """--restore-modes: the write bit for others comes off every directory and file under the
+    work root that has it (what the artifact suite's test_work_root_not_world_writable holds
+    the work root to), in the signature's own walk, listed and said; the venv and links are
+    not the project's to set; a second close finds nothing, and signs the repaired tree."""
+    assert open_(root, "run-a")[0] == 0
+    stamped(root, "data", {"rows": 4})
+    (root / "hidden_states").mkdir()
+    (root / "hidden_states" / "hs_0.safetensors").write_bytes(b"h")
+    (root / "logs" / "data.log").write_text("log\n")
+    (root / "venv" / "bin").mkdir(parents=True)
+    (root / "link").symlink_to(root / "hidden_states")
+    for path, mode in (
+        (root / "hidden_states", 0o757),
+        (root / "hidden_states" / "hs_0.safetensors", 0o646),
+        (root / "logs" / "data.log", 0o666),
+        (root / "venv" / "bin", 0o777),
+    ):
+        path.chmod(mode)
+
+    def close() -> dict[str, Any]:
+        rc, result, err = session(
+            "close", f"--state-dir={root / 'state'}", "--skip=data",
+            f"--signature-root={root}", "--restore-modes",
+        )  # fmt: skip
+        assert rc == 0, err
+        return result
+
+    first = close()
+    assert sorted(first["restored_modes"]) == sorted(
+        [
+            f"{root / 'hidden_states'} (0757 -> 0755)",
+            f"{root / 'hidden_states' / 'hs_0.safetensors'} (0646 -> 0644)",
+            f"{root / 'logs' / 'data.log'} (0666 -> 0664)",
+        ]
+    )
+    assert len(first["warnings"]) == 1 and str(root / "hidden_states") in first["warnings"][0]
+    assert stat.S_IMODE((root / "hidden_states").stat().st_mode) == 0o755
+    assert stat.S_IMODE((root / "venv" / "bin").stat().st_mode) == 0o777
+    second = close()
+    assert second["restored_modes"] == [] and "warnings" not in second
+    assert second["signature"] == first["signature"]
+    # Without the option nothing is set again.
+    (root / "hidden_states").chmod(0o757)
+    rc, plain, _ = session(
+        "close", f"--state-dir={root / 'state'}", "--skip=data", f"--signature-root={root}"
+    )
+    assert rc == 0 and "restored_modes" not in plain
+    assert stat.S_IMODE((root / "hidden_states").stat().st_mode) == 0o757

@@ -9,7 +9,9 @@
     one the role would run).
 ``close`` (roles/validate/tasks/collect.yml, at the report):
     the verification of the stamped stages this run did not check, what the work root
-    records, the installed versions, the work root's signature, then the host lock released.
+    records, the installed versions, the work root's signature (``--restore-modes``: with the
+    write bit for others taken off whatever had it, in the same walk), then the host lock
+    released.
 
 The signature (``close --signature-root``) is a sha256 of what is on disk under the work
 root, read from stat alone, as git's index tells a changed file: every entry's path and type,
@@ -27,7 +29,8 @@ Prints one JSON line; the lock part is host_lock's own (acquire: {acquired, chan
 release: {released}), with ``state`` ({stamps, failures, environment}: each stamp's manifest as
 its counts, stamps.manifest_counts), ``verification``
 ({stage: stage_verify result}) and, for open, ``files`` ({path: {sha1, mode} | null}), for
-close, ``versions`` and ``signature`` added. Exit status as host_lock:
+close, ``versions``, ``signature`` and ``restored_modes`` added (and ``warnings``, lines
+for the run's output, when a mode was set again). Exit status as host_lock:
 0 done; 4 held by another run (open); 1 other failures; 2 bad usage.
 """
 
@@ -41,6 +44,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
 
@@ -101,13 +105,9 @@ def _entry(name: str, path: str, info: os.stat_result) -> str:
     return f"f{kind} {mode} {info.st_size} {info.st_mtime_ns} {info.st_ino} {name}"
 
 
-def tree_signature(root: Path) -> Optional[str]:
-    """sha256 of the stat facts of `root` and everything under it (module docstring), None
-    when `root` is not a directory. Entries that vanish while it walks are left out."""
-    if not root.is_dir():
-        return None
-    lines = [_entry(".", str(root), os.lstat(root))]
-    skip = set(SIGNATURE_SKIP)
+def _walk(root: Path, skip: set[str]) -> Iterator[tuple[str, str]]:
+    """(relative path, path) of everything under `root`, sorted, but the relative paths in
+    `skip` and what lies under them."""
     for top, dirs, files in os.walk(root):
         relative_top = os.path.relpath(top, root)
         dirs[:] = sorted(
@@ -115,20 +115,57 @@ def tree_signature(root: Path) -> Optional[str]:
         )
         for name in dirs + sorted(files):
             relative = os.path.normpath(os.path.join(relative_top, name))
-            if relative in skip:
-                continue
-            path = os.path.join(top, name)
-            try:
-                lines.append(_entry(relative, path, os.lstat(path)))
-            except OSError:
-                continue
+            if relative not in skip:
+                yield relative, os.path.join(top, name)
+
+
+def not_world_writable(path: str, info: os.stat_result) -> Optional[str]:
+    """Take the write bit for others off a directory or file that has it (a link's mode is not
+    its own); "<path> (0777 -> 0775)" when it did."""
+    mode = stat.S_IMODE(info.st_mode)
+    if stat.S_ISLNK(info.st_mode) or not mode & stat.S_IWOTH:
+        return None
+    os.chmod(path, mode & ~stat.S_IWOTH)
+    return f"{path} ({mode:04o} -> {mode & ~stat.S_IWOTH:04o})"
+
+
+def tree_signature(root: Path, restore_modes: bool = False) -> tuple[Optional[str], list[str]]:
+    """sha256 of the stat facts of `root` and everything under it (module docstring), None
+    when `root` is not a directory. Entries that vanish while it walks are left out.
+
+    With `restore_modes`, the same walk takes the write bit for others off whatever has it
+    under the work root but the venv (what the artifact suite's test_work_root_not_world_writable
+    holds the work root to: the project lays all of it out with umask 027), before it is
+    counted; the second value lists what it set again. The signature is then the repaired
+    tree's, so the suite runs again on it."""
+    if not root.is_dir():
+        return None, []
+    restored: list[str] = []
+    info = os.lstat(root)
+    if restore_modes and (done := not_world_writable(str(root), info)):
+        restored.append(done)
+        info = os.lstat(root)
+    lines = [_entry(".", str(root), info)]
+    skip_counted = set(SIGNATURE_SKIP)
+    for relative, path in _walk(root, {"venv"} if restore_modes else skip_counted):
+        try:
+            info = os.lstat(path)
+            if restore_modes and (done := not_world_writable(path, info)):
+                restored.append(done)
+                info = os.lstat(path)
+        except OSError:
+            continue
+        if relative in skip_counted or any(relative.startswith(f"{s}/") for s in skip_counted):
+            continue
+        lines.append(_entry(relative, path, info))
     for pattern in VENV_MARKERS:
         for marker in sorted((root / "venv").glob(pattern)):
             with contextlib.suppress(OSError):
                 info = marker.stat()
-                relative = marker.relative_to(root)
+                relative = str(marker.relative_to(root))
                 lines.append(f"venv {info.st_size} {info.st_mtime_ns} {relative}")
-    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
+    digest = hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
+    return digest, restored
 
 
 def _stages(text: str) -> set[str]:
@@ -271,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="also print the signature of this work root (<specfleet_root>): a sha256 of its"
         " files' stat facts",
     )
+    cl.add_argument(
+        "--restore-modes",
+        action="store_true",
+        help="with --signature-root: first take the write bit for others off whatever has it"
+        " under the work root but its venv, listed under restored_modes (and warnings)",
+    )
     cl.add_argument("--lock", type=Path, help="<specfleet_root>/run/lock.json")
     cl.add_argument("--token", help="this run's token: release the lock when it holds it")
     return parser
@@ -306,7 +349,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         cache = args.state_dir.parent / "cache" / "installed-versions.json"
         result["versions"] = installed_versions(result["state"], cache)
     if args.signature_root is not None:
-        result["signature"] = tree_signature(args.signature_root)
+        result["signature"], restored = tree_signature(args.signature_root, args.restore_modes)
+        if args.restore_modes:
+            result["restored_modes"] = restored
+            if restored:
+                result["warnings"] = [
+                    "the work root had what others may write to; set the mode again: "
+                    + ", ".join(restored)
+                ]
+    elif args.restore_modes:
+        parser.error("close: --restore-modes goes with --signature-root")
     rc = 0
     if args.token is not None:
         args.command = "release"

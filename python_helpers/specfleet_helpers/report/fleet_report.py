@@ -172,6 +172,7 @@ def validate(doc: Any) -> dict[str, Any]:
             "wall_time_s": host.get("wall_time_s"),
             "settings": _or(host, "settings", {}),
             "verification_error": host.get("verification_error"),
+            "restored_modes": _or(host, "restored_modes", []),
             "state": state,
             "run": _or(host, "run", {}),
             "unreachable_error": host.get("unreachable_error"),
@@ -534,8 +535,14 @@ def host_summary(host: dict[str, Any]) -> dict[str, Any]:
         "profile": profile,
         "devices": _devices(env, profile),
         # What npu_env warned of although nothing failed (a 950PR host, an image whose
-        # vllm-ascend replaces a reduced-vocabulary draft's lm_head), and that gate as read.
-        "warnings": [w for w in env.get("warnings") or [] if isinstance(w, str)],
+        # vllm-ascend replaces a reduced-vocabulary draft's lm_head), and that gate as read;
+        # what this run's close set again under the work root (the write bit for others).
+        "warnings": [w for w in env.get("warnings") or [] if isinstance(w, str)]
+        + (
+            [f"the work root had what others may write to; set again: {', '.join(restored)}"]
+            if (restored := host.get("restored_modes"))
+            else []
+        ),
         "dflash_lm_head_gate": _get(env, "stack", "dflash_lm_head", "gate"),
         "versions": {
             "python": versions.get("python") or _get(env, "stack", "python"),
