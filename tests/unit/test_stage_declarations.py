@@ -224,7 +224,8 @@ def test_no_spec_check_is_switched_off() -> None:
     stage runs, and Ansible's own check of its spec then runs too. Nothing turns it off."""
     play = yaml.safe_load(STAGES_PLAY.read_text())[0]
     check = next(t for t in play["pre_tasks"] if "settings" in t["name"])
-    assert check["specfleet.ascend.specfleet_settings"]["roles"] == "{{ specfleet_play_stages }}"
+    checked = check["specfleet.ascend.specfleet_settings"]["roles"]
+    assert checked == "{{ _specfleet_checked_stages }}"
     assert check["when"] == "specfleet_host_stopped is not defined"
     for role in declarations():
         specs = yaml.safe_load((ROLES / role / "meta" / "argument_specs.yml").read_text())

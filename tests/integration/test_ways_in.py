@@ -1,4 +1,5 @@
-"""playbooks/validate.yml on its own, the fleet-wide validation the docs name (docs/report.md),
+"""The documented ways in, each on its own: playbooks/validate.yml (the fleet-wide validation
+docs/report.md names), site.yml --tags validate, and the playbooks the docs tell a user to run,
 against the work root `make run` left (.work/local, CPU profile on localhost): CI runs
 `make run` before `make test`, so this is what a user's validation after their first run does.
 
@@ -10,7 +11,9 @@ against the work root `make run` left (.work/local, CPU profile on localhost): C
      moved back: green again;
   4. `site.yml --tags validate` (the host checked, no stage): the artifact suite runs too;
   5. with a second host that cannot be reached: both hosts in the report, that one
-     unreachable, localhost green, the run failed.
+     unreachable, localhost green, the run failed;
+  6. the other playbooks the docs tell a user to run (provision, pipeline, serve, stop-serving)
+     each on its own: up to date, nothing changed, nothing failed.
 
 Each run writes its reports under the test's own directory; the work root is put back as it
 was (the draft moved back, modes as the project sets them). Skipped without `make run`'s work
@@ -78,7 +81,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> Path:
     missing = [s for s in STAGES if not (ROOT / "state" / f"{s}.json").is_file()]
     if missing:
         pytest.skip(f"no finished work root of `make run` at {ROOT} (no stamp of {missing})")
-    return tmp_path_factory.mktemp("validate-alone")
+    return tmp_path_factory.mktemp("ways-in")
 
 
 @pytest.fixture
@@ -86,7 +89,7 @@ def draft_aside() -> Iterator[Path]:
     """The trained draft's weights moved aside (the same file, moved back after)."""
     stamp = json.loads((ROOT / "state" / "train.json").read_text())
     weights = Path(stamp["artifacts"]["draft"]) / "model.safetensors"
-    aside = weights.with_name("model.safetensors.validate-alone")
+    aside = weights.with_name("model.safetensors.ways-in")
     weights.rename(aside)
     try:
         yield weights
@@ -156,6 +159,23 @@ def test_5_site_tags_validate_runs_the_artifact_suite_too(reports: Path) -> None
     run = validate(reports, "5-site-tags-validate", INVENTORY, REPO / "site.yml", "--tags=validate")
     run.assert_green()
     assert run.host()["artifact_tests"]["ran"], run.host()["artifact_tests"]
+
+
+@pytest.mark.parametrize("playbook", ["provision", "pipeline", "serve", "stop-serving"])
+def test_7_every_playbook_the_docs_name_runs_alone_and_changes_nothing(
+    reports: Path, playbook: str
+) -> None:
+    """The other ways in the docs name (docs/running.md, docs/serving.md, the playbooks'
+    headers), each on its own against the finished work root: each checks the host as its
+    stages need (pipeline.yml and serve.yml name no npu_env, which every stage reads), finds
+    its stages up to date, changes nothing and fails nothing."""
+    run = validate(reports, f"7-{playbook}", INVENTORY, REPO / "playbooks" / f"{playbook}.yml")
+    assert run.rc == 0, run.tail()
+    counts = recap(run)
+    assert counts["failed"] == 0 and counts["changed"] == 0, run.tail()
+    assert "is undefined" not in run.stdout, run.tail()
+    # No failure record was left behind.
+    assert not list((ROOT / "state").glob("*.failed.json"))
 
 
 def test_6_an_unreachable_host_is_reported_beside_a_green_one(reports: Path) -> None:
