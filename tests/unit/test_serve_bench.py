@@ -157,7 +157,118 @@ def test_bad_floors_are_named(text, problem):
 
 def test_cli_run_help_and_bad_arm(tmp_path):
     assert serve_bench.main(["run", "--dir", str(tmp_path), "--rounds", "3", "--arm",
-                             "other=http://x", "--", "--num-prompts", "1"]) == 1  # fmt: skip
+                             "other=http://x", "--model", "m", "--tokenizer", "t",
+                             "--prompts", "p.jsonl", "--num-prompts", "1",
+                             "--output-len", "1"]) == 1  # fmt: skip
     with pytest.raises(SystemExit) as shown:
         serve_bench.main(["run", "--help"])
     assert shown.value.code == 0
+
+
+def test_bench_argv_sends_the_prompts_untemplated_to_the_chat_endpoint(tmp_path):
+    argv = serve_bench.bench_argv("Qwen/Qwen3-8B", "/m/v", tmp_path / "p.jsonl", 16, 256, 1, True)
+    assert argv[argv.index("--backend") + 1] == "openai-chat"
+    assert argv[argv.index("--endpoint") + 1] == "/v1/chat/completions"
+    assert "--skip-chat-template" in argv and "--ignore-eos" in argv
+    assert argv[argv.index("--dataset-path") + 1] == str(tmp_path / "p.jsonl")
+    assert "--ignore-eos" not in serve_bench.bench_argv("m", "t", tmp_path, 1, 1, 1, False)
+
+
+# --- what a server receives from the real client ----------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+CPU_VENV_PYTHON = REPO / ".work" / "local" / "venv" / "bin" / "python"
+# The tiny verifier `make run` synthesized: its tokenizer carries a Qwen3-style chat template.
+VERIFIER = REPO / ".work" / "local" / "models" / "verifier"
+
+
+class RecordingChatServer:
+    """A MOCK OpenAI-compatible server (no model: what matters is what it receives): it keeps
+    every /v1/chat/completions body and streams a two-token answer with its usage, as vLLM's
+    server does; /metrics is empty (no spec-decode counters)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.bodies: list[dict[str, Any]] = []
+        bodies = self.bodies
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                bodies.append(body)
+                chunks = [
+                    {"choices": [{"delta": {"content": "hi"}}]},
+                    {"choices": [{"delta": {"content": " there"}}]},
+                    {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}},
+                ]
+                stream = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Length", str(len(stream.encode())))
+                self.end_headers()
+                self.wfile.write(stream.encode())
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.skipif(
+    not (CPU_VENV_PYTHON.exists() and (VERIFIER / "tokenizer.json").exists()),
+    reason="needs the CPU venv (vLLM's benchmark client) and the tiny verifier of `make run`",
+)
+def test_the_server_receives_each_prompt_as_the_user_message_templated_by_nobody(tmp_path):
+    """serve_bench run, as the serve stage runs it (vLLM's own client, in the stage's Python),
+    against a server that records what it receives: each benchmark prompt arrives as the user
+    message, byte for byte, once, so the server's chat template is the only one applied.
+    (Without --skip-chat-template the client rendered the chat template into the message.)"""
+    import os
+    import subprocess
+
+    prompts = tmp_path / "bench_prompts.jsonl"
+    sent = ["Briefly describe AI topic #7.", "What is 12 + 30? Answer with the number."]
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in sent))
+    server = RecordingChatServer()
+    try:
+        done = subprocess.run(
+            [str(CPU_VENV_PYTHON), "-m", "specfleet_helpers.stages.serve_bench", "run",
+             "--dir", str(tmp_path / "bench"), "--rounds", "3", "--round", "1",
+             "--arm", f"plain={server.url}", "--model", "Qwen/Qwen3-8B",
+             "--tokenizer", str(VERIFIER), "--prompts", str(prompts), "--num-prompts", "2",
+             "--output-len", "2", "--concurrency", "1", "--ignore-eos"],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYTHONPATH": str(REPO / "python_helpers")},
+        )  # fmt: skip
+    finally:
+        server.close()
+    log = (tmp_path / "bench" / "bench_plain_r1.log").read_text(errors="replace")[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:] + log
+    # The client's readiness check sends the first prompt once more before the run.
+    users = [
+        [m for m in body["messages"] if m["role"] == "user"] for body in server.bodies
+    ]
+    assert all(len(u) == 1 for u in users), server.bodies
+    texts = [
+        "".join(part["text"] for part in u[0]["content"])
+        if isinstance(u[0]["content"], list)
+        else u[0]["content"]
+        for u in users
+    ]
+    assert set(texts) == set(sent) and texts[-2:] == sent, texts
+    assert not any("<|im_start|>" in t or "<|im_end|>" in t for t in texts), texts
+    assert all(b["model"] == "Qwen/Qwen3-8B" and b.get("ignore_eos") for b in server.bodies)

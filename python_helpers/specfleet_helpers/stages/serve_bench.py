@@ -16,9 +16,14 @@ tokens; mean acceptance length 1 + accepted / drafts, vLLM's definition), throug
 per output token are medians.
 
 ``run`` drives the benchmark itself: vLLM's own client (``vllm.benchmarks.serve``, what ``vllm
-bench serve`` runs), given the same arguments as that command, called once per arm and round
-in one process, so that vLLM's import (seconds of CPU) is paid once, not nine times; each
-run's output goes to ``bench_<arm>_r<round>.log`` beside its result.
+bench serve`` runs), called once per arm and round in one process, so that vLLM's import
+(seconds of CPU) is paid once, not nine times; each run's output goes to
+``bench_<arm>_r<round>.log`` beside its result. Its arguments are ``bench_argv``'s, one list for
+every server: the prompts as a chat client sends them (the ``openai-chat`` backend, the prompt
+the user message), which the server renders with the verifier's chat template, once. (vLLM's
+``custom`` dataset applies the tokenizer's chat template itself unless told
+``--skip-chat-template``: with a chat backend every prompt was templated twice, a chat
+template inside the user message, and every figure measured on text no client sends.)
 
 Floors: ``ARM.FIGURE=VALUE`` (e.g. ``yardstick.mean_acceptance_length=3``), checked by
 ``floor_problems`` against the medians; a figure below its floor names the figure, the floor,
@@ -229,6 +234,32 @@ def floor_problems(
     return problems
 
 
+def bench_argv(
+    model: str,
+    tokenizer: str,
+    prompts: Path,
+    num_prompts: int,
+    output_len: int,
+    concurrency: int,
+    ignore_eos: bool,
+) -> list[str]:
+    """`vllm bench serve`'s arguments for the measurement, but for the server's URL and where it
+    saves (``run`` adds those): specfleet's benchmark prompts (a ``custom`` JSONL of
+    {"prompt": ...}), in file order, sent to /v1/chat/completions as the user message, untouched
+    (--skip-chat-template: the server applies the chat template), greedy, answers of exactly
+    `output_len` tokens with `ignore_eos`, `concurrency` requests in flight."""
+    argv = [
+        "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+        "--model", model, "--tokenizer", tokenizer,
+        "--dataset-name", "custom", "--dataset-path", str(prompts), "--skip-chat-template",
+        "--disable-shuffle", "--num-prompts", str(num_prompts),
+        "--custom-output-len", str(output_len),
+        "--temperature", "0", "--max-concurrency", str(concurrency), "--seed", "0",
+        "--disable-tqdm",
+    ]  # fmt: skip
+    return argv + (["--ignore-eos"] if ignore_eos else [])
+
+
 def _arm_urls(given: list[str]) -> dict[str, str]:
     urls = {}
     for item in given:
@@ -360,20 +391,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         metavar="ARM=FILE",
         help="the log of an arm's server, named when its benchmark fails",
     )
+    r.add_argument("--model", required=True, help="the served model name")
+    r.add_argument("--tokenizer", required=True, help="the verifier's directory (its tokenizer)")
     r.add_argument(
-        "bench_argv",
-        nargs=argparse.REMAINDER,
-        metavar="-- BENCH_ARG",
-        help="after --: vllm bench serve's arguments, but for the base URL and where it saves",
+        "--prompts", type=Path, required=True, help='the prompts, a JSONL of {"prompt": ...}'
+    )
+    r.add_argument("--num-prompts", type=int, required=True, help="prompts per server and round")
+    r.add_argument("--output-len", type=int, required=True, help="tokens per answer")
+    r.add_argument("--concurrency", type=int, default=1, help="requests in flight (default 1)")
+    r.add_argument(
+        "--ignore-eos", action="store_true", help="every answer exactly --output-len tokens"
     )
     args = parser.parse_args(argv)
-    bench_argv = args.bench_argv[1:] if args.bench_argv[:1] == ["--"] else args.bench_argv
     try:
         run(
             args.dir,
             _arm_urls(args.arm),
             args.round or list(range(1, args.rounds + 1)),
-            bench_argv,
+            bench_argv(
+                args.model,
+                args.tokenizer,
+                args.prompts,
+                args.num_prompts,
+                args.output_len,
+                args.concurrency,
+                args.ignore_eos,
+            ),
             args.rounds,
             server_logs=dict(item.partition("=")[::2] for item in args.server_log),
         )

@@ -122,12 +122,12 @@ NARMS=3
 ROUNDS=3
 mkdir -p "$WORK.tmp/bench"
 "$PY" -m specfleet_helpers.stages.prompt_set bench --count 16 --out "$WORK.tmp/bench_prompts.jsonl" >/dev/null
-# vllm bench serve's arguments, but for the server's URL and where it saves (serve_bench run
-# gives those): run in one process for every arm and round (vLLM's import is paid once).
-BENCH_ARGS=(--backend openai-chat --endpoint /v1/chat/completions --model Qwen/Qwen3-8B
-  --tokenizer /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B --dataset-name custom --dataset-path "$WORK.tmp/bench_prompts.jsonl"
-  --disable-shuffle --num-prompts 16 --custom-output-len 256 --ignore-eos
-  --temperature 0 --max-concurrency 1 --seed 0 --disable-tqdm)
+# What the measurement sends every arm and round (serve_bench builds vllm bench serve's
+# arguments from these: the prompts as a chat client sends them, templated once, by the server),
+# run in one process for every arm and round (vLLM's import is paid once).
+BENCH_OPTS=(--model Qwen/Qwen3-8B --tokenizer /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B
+  --prompts "$WORK.tmp/bench_prompts.jsonl" --num-prompts 16 --output-len 256
+  --concurrency 1 --ignore-eos)
 bench() {  # bench [--round N] ARM...: each ARM's results in $WORK.tmp/bench/bench_ARM_rN.json, its output beside it (.log)
   local -a rounds=() arms=()
   if [ "$1" = --round ]; then rounds=(--round "$2"); shift 2; fi
@@ -135,7 +135,7 @@ bench() {  # bench [--round N] ARM...: each ARM's results in $WORK.tmp/bench/ben
     arms+=(--arm "$arm=http://$HOST:$(arm_port "$arm")" --server-log "$arm=$LOGS/serve.$arm.vllm.log")
   done
   "$PY" -m specfleet_helpers.stages.serve_bench run --dir "$WORK.tmp/bench" \
-    --rounds "$ROUNDS" "${rounds[@]}" "${arms[@]}" -- "${BENCH_ARGS[@]}"
+    --rounds "$ROUNDS" "${rounds[@]}" "${arms[@]}" "${BENCH_OPTS[@]}"
 }
 measure() {  # the rounds; servers are stopped at the end unless together and named in KEEP
   local keep=${1:-} round i arm
