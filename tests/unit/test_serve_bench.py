@@ -259,9 +259,7 @@ def test_the_server_receives_each_prompt_as_the_user_message_templated_by_nobody
     log = (tmp_path / "bench" / "bench_plain_r1.log").read_text(errors="replace")[-3000:]
     assert done.returncode == 0, done.stderr[-3000:] + log
     # The client's readiness check sends the first prompt once more before the run.
-    users = [
-        [m for m in body["messages"] if m["role"] == "user"] for body in server.bodies
-    ]
+    users = [[m for m in body["messages"] if m["role"] == "user"] for body in server.bodies]
     assert all(len(u) == 1 for u in users), server.bodies
     texts = [
         "".join(part["text"] for part in u[0]["content"])
