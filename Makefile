@@ -65,7 +65,7 @@ define molecule_test
 	rm -f "$$log"
 endef
 
-molecule: setup test-hosts-deps  ## four real hosts (atlas-a2, atlas-a3, ascend-950's two-host job): converge, idempotence, hosts broken and lost on purpose, verify
+molecule: setup test-hosts-deps test-images  ## four real hosts (atlas-a2, atlas-a3, ascend-950's two-host job in container runtime): converge, idempotence, hosts broken and lost on purpose, verify
 	$(call molecule_test,fleet)
 
 molecule-container: setup test-images  ## the whole CPU pipeline inside a podman container on localhost: converge, idempotence (container kept), a mount added (container recreated, no stage redone), verify

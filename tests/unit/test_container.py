@@ -94,6 +94,33 @@ def test_a_stopped_container_is_started_not_recreated() -> None:
     assert plan["action"] == "start"
 
 
+def test_a_running_container_whose_process_is_gone_is_recreated() -> None:
+    """Its monitor and processes killed at once (a host crash with /run kept, an OOM kill):
+    the engine still records it running, and refuses exec and start; recreating clears it."""
+    w = wanted()
+    gone = {**inspected(w), "State": {"Running": True, "Pid": 4242}}
+    plan = container.decide(gone, w, IMAGE_ID, alive=lambda pid: pid != 4242)
+    assert plan["action"] == "recreate"
+    assert "recorded as running, but its process 4242 is gone" in plan["reason"]
+    assert container.decide(gone, w, IMAGE_ID, alive=lambda pid: True)["action"] == "ok"
+
+
+def test_device_nodes_and_mount_sources_the_host_lacks_are_named(tmp_path) -> None:
+    """Never handed to the engine: docker fails a create on a missing --device node and makes
+    an empty directory of a missing mount source; ensure refuses to create with them."""
+    present = tmp_path / "driver"
+    present.mkdir()
+    w = wanted(
+        devices=["/dev/null:/dev/davinci0", "/dev/ummu"],
+        mounts=[f"{present}:/usr/local/Ascend/driver:ro", f"{tmp_path / 'nfs'}:{tmp_path / 'nfs'}"],
+    )
+    plan = container.decide(None, w, IMAGE_ID)
+    assert plan["missing"] == ["/dev/ummu", str(tmp_path / "nfs")]
+    assert (
+        container.decide(None, wanted(devices=["/dev/null"], mounts=[]), IMAGE_ID)["missing"] == []
+    )
+
+
 def test_a_container_without_labels_is_recreated() -> None:
     foreign = {"Image": IMAGE_ID, "Config": {"Labels": None}, "State": {"Running": True}}
     plan = container.decide(foreign, wanted(), IMAGE_ID)

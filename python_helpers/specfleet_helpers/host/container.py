@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -104,6 +105,22 @@ class Wanted:
         return settings
 
 
+def host_side(spec: str) -> str:
+    """The host path of a ``--device`` (HOST[:CONTAINER[:PERMS]]) or ``--volume``
+    (HOST:CONTAINER[:OPTIONS]) argument."""
+    return spec.split(":", 1)[0]
+
+
+def missing_sources(wanted: Wanted) -> list[str]:
+    """The device nodes and mount sources the host lacks, in the order given. Neither engine
+    may be handed one: ``docker run --device`` of a node the host lacks fails the create (after
+    the old container was removed, on a recreation), and docker creates an empty directory for
+    a missing volume source, which hides the driver files or the job's storage the stages
+    need."""
+    wanted_paths = [host_side(d) for d in wanted.devices] + [host_side(m) for m in wanted.mounts]
+    return [p for p in dict.fromkeys(wanted_paths) if not os.path.exists(p)]
+
+
 def settings_hash(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
@@ -160,12 +177,27 @@ def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return out
 
 
-def decide(existing: Optional[dict[str, Any]], wanted: Wanted, image_id: str) -> dict[str, Any]:
+def pid_alive(pid: int) -> bool:
+    """The process runs (the container shares the host's pid namespace: its pid is the host's)."""
+    return pid > 0 and os.path.exists(f"/proc/{pid}")
+
+
+def decide(
+    existing: Optional[dict[str, Any]],
+    wanted: Wanted,
+    image_id: str,
+    alive: Callable[[int], bool] = pid_alive,
+) -> dict[str, Any]:
     """The plan: action (ok | start | create | recreate) and why.
 
     existing is the container as ``<engine> container inspect`` prints it (one object), or
     None when there is none; image_id is the id the wanted image reference has on the host
     (empty when the image is not there yet, e.g. a pull planned under --check).
+
+    A container the engine records as running whose process is gone (its monitor and its
+    processes killed at once, as a host crash or an OOM kill of conmon leaves it, with /run
+    kept) is recreated: podman then refuses both `exec` ("cannot exec in a stopped
+    container") and `start` ("container state improper"); `rm --force` clears it.
     """
     settings = wanted.settings()
     want_hash = settings_hash(settings)
@@ -175,6 +207,7 @@ def decide(existing: Optional[dict[str, Any]], wanted: Wanted, image_id: str) ->
         "image": wanted.image,
         "image_id": normalize_id(image_id),
         "settings_hash": want_hash,
+        "missing": missing_sources(wanted),
     }
     if existing is None:
         return {**plan, "action": "create", "reason": f"no container {wanted.name} yet"}
@@ -195,9 +228,15 @@ def decide(existing: Optional[dict[str, Any]], wanted: Wanted, image_id: str) ->
             f"image changed: runs {running_image[:12] or '?'}, "
             f"{wanted.image} is {plan['image_id'][:12]}"
         )
+    state = existing.get("State") or {}
+    pid = state.get("Pid")
+    if state.get("Running") and isinstance(pid, int) and not alive(pid):
+        reasons.append(
+            f"container {wanted.name} is recorded as running, but its process {pid} is gone"
+        )
     if reasons:
         return {**plan, "action": "recreate", "reason": "; ".join(reasons)}
-    if not (existing.get("State") or {}).get("Running"):
+    if not state.get("Running"):
         return {**plan, "action": "start", "reason": f"container {wanted.name} is not running"}
     return {**plan, "action": "ok", "reason": ""}
 
@@ -236,6 +275,10 @@ def ensure(wanted: Wanted) -> dict[str, Any]:
     result = plan(wanted)
     if result["action"] != "ok" and not result["image_id"]:
         raise SystemExit(f"image {wanted.image} is not on the host ({wanted.engine} image inspect)")
+    if result["action"] in ("create", "recreate") and result["missing"]:
+        raise SystemExit(
+            "not on the host, so not passed to the container: " + ", ".join(result["missing"])
+        )
     if result["action"] == "recreate":
         _run([wanted.engine, "rm", "--force", wanted.name])
     if result["action"] in ("create", "recreate"):
