@@ -7,8 +7,10 @@ weights deleted on a3-node1 and a serve API key set there. Checked here:
 - the reports: the converge run's is green on every host, the broken run's shows ascend-950's
   hosts failed at train (with the error, log tail and a quoted re-run command) while a2-node1
   and a3-node1 passed;
-- the job: each host dumped its share of the hidden states (counted), its ranks were its share
-  of one torchrun world of 2 x 2 ranks (their logs), both hosts publish the same draft (the
+- the job (in container runtime: each host's stages and checks in its stage container, the
+  job's shared directory mounted there): each host dumped its share of the hidden states
+  (counted), its ranks were its share of one torchrun world of 2 x 2 ranks (their logs), both
+  hosts publish the same draft (the
   checksum); a950-node2 crashed mid-training: a950-node1's train failed within seconds, the
   report names a950-node2 as lost, and the next run resumed from the shared checkpoints, green;
 - the damaged host redid exactly train and serve, and its serve proved a request without the
@@ -522,3 +524,33 @@ def test_this_hosts_ranks_were_its_share_of_one_world(host):
     sha = next(f["sha256"] for f in stamp["metrics"]["files"] if f["name"] == "model.safetensors")
     assert host.file(f"{stamp['artifacts']['draft']}/model.safetensors").sha256sum == sha
     assert sha == job_of(job_resumed_report())["draft_sha256"]
+
+
+def test_the_jobs_stages_ran_in_this_hosts_stage_container(host):
+    """ascend-950's job in container runtime, the npu default (group_vars/ascend-950.yml): each
+    host's stage container mounts the job's shared directory at the same path, beside its work
+    root; the stage scripts and the job's checks ran in it (its wrapper execs into it); after
+    a950-node2's crash its container was recreated, not left as the engine recorded it."""
+    name = host.backend.get_hostname()
+    if name not in JOB_HOSTS:
+        pytest.skip("not a host of the job")
+    root = root_of(host)
+    env = read_json(host, f"{root}/state/npu_env.json")
+    assert env["runtime"] == "container", env
+    container = env["container"]
+    assert container["engine"] == "podman" and container["name"] == f"specfleet-{name}", container
+    inspected = json.loads(host.check_output("podman container inspect %s", container["name"]))[0]
+    assert inspected["State"]["Running"], inspected["State"]
+    mounts = {m["Destination"]: m["Source"] for m in inspected["Mounts"]}
+    assert mounts.get("/srv/nfs") == "/srv/nfs" and mounts.get(root) == root, mounts
+    # What the stages see there: the job's shared data, through the container's own view.
+    seen = host.run(
+        "%s sh -c 'ls /srv/nfs/ascend-950/.specfleet/hosts; cat /proc/1/cgroup'",
+        f"{root}/run/specfleet-env",
+    )
+    assert seen.rc == 0, seen.stderr
+    assert {"a950-node1.json", "a950-node2.json"} <= set(seen.stdout.split()), seen.stdout
+    # speculators went into the image's Python: its stamp is the container image's.
+    install = read_json(host, f"{root}/state/speculators_install.json")
+    assert install["inputs"]["image_id"] == container["image_id"], install["inputs"]
+    assert install["inputs"]["python"] == f"{root}/venv/bin/python", install["inputs"]
