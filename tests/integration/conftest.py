@@ -258,6 +258,9 @@ class MockNpuHost:
             "npu_env_npu_smi": str(MOCK_NPU_SMI),
             "specfleet_cann_env_files": self.cann_env_files,
             "specfleet_npu_python": str(self.npu_python),
+            # HCCL's ports are reserved in this machine's network namespace for real (a harmless
+            # reservation), and kept across reboots in a file of the test's, not /etc.
+            "npu_env_hccl_sysctl_file": str(self.tmp / "sysctl.d" / "60-specfleet-hccl-ports.conf"),
             # The disk case overrides the low floors with extra vars.
             **LOW_HOST_FLOORS,
             **self.ports,

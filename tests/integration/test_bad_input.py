@@ -10,6 +10,7 @@ happened (the work root is the first thing a run creates).
   wrong type             train_epochs=abc
   out of range           train_epochs=0
   vllm-ascend's limit    serve_num_speculative_tokens=16 with specfleet_accelerator=npu
+  the draft's block      serve_num_speculative_tokens=6 with the cpu profile's train_block_size 6
   the batch it needs     serve_max_num_batched_tokens below serve_max_num_seqs x (1 + tokens), or
                          empty on npu (vllm-ascend's 2048 default is too small for dflash)
   context vs data rows   hidden_states_max_model_len=4096 while data_seq_length is 8192 (npu), and
@@ -156,6 +157,7 @@ CASES = (
         (
             "specfleet_accelerator=npu",
             "serve_num_speculative_tokens=15",
+            "train_block_size=16",
             "serve_max_num_batched_tokens=2048",
         ),
         "serve",
@@ -165,6 +167,17 @@ CASES = (
             "serve_num_speculative_tokens 15",
             "= 4096",
             "#12940",
+        ),
+    ),
+    Case(
+        "speculative-tokens-beyond-the-trained-block",
+        ("serve_num_speculative_tokens=6",),
+        "serve",
+        (
+            "serve_num_speculative_tokens is 6",
+            "expected at most 5",
+            "train_block_size 6",
+            "predicts 5 after each anchor",
         ),
     ),
     Case(
@@ -539,7 +552,12 @@ def runs(
                 play,
                 tmp,
                 "fifteen-speculative-tokens",
-                ("specfleet_accelerator=npu", "serve_num_speculative_tokens=15"),
+                # 15 draft tokens: a draft trained on blocks of 16 (z-lab's -b16).
+                (
+                    "specfleet_accelerator=npu",
+                    "serve_num_speculative_tokens=15",
+                    "train_block_size=16",
+                ),
                 "--check",
                 "--tags",
                 "serve",

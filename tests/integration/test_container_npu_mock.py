@@ -254,6 +254,9 @@ class Fleet:
                 f"--env=MOCK_NPU_SOC_VERSION={host.soc_version}",
             ],
             "npu_env_container_shm_size": "1g",
+            # HCCL's ports reserved in this machine's network namespace (harmless), kept across
+            # reboots in a file of the test's, not /etc.
+            "npu_env_hccl_sysctl_file": str(host.tmp / "sysctl.d" / "60-specfleet-hccl-ports.conf"),
             "speculators_install_source": "git",
             "speculators_install_git_repo": self.git_repo.as_uri(),
             "speculators_install_git_ref": TAG,

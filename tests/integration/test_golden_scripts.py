@@ -221,6 +221,10 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
     ]
     assert lines(train, r"^--train-data-ratio ") == ["--train-data-ratio 0.9"]
     assert not lines(train, r"^\s*torchrun\b"), "a bare torchrun from PATH"
+    # A training run's kernels launch asynchronously (ASCEND_LAUNCH_BLOCKING is a debugging
+    # switch, train_launch_blocking); HCCL binds the ports npu_env reserved, one host or a job.
+    assert "ASCEND_LAUNCH_BLOCKING" not in train, group
+    assert lines(train, r"^export HCCL_IF_BASE_PORT=") == ["export HCCL_IF_BASE_PORT=60000"]
     hidden = scripts["hidden_states"]
     # data_seq_length 8192 + the one token generate-offline-data asks for
     assert lines(hidden, r"^--max-model-len ") == ["--max-model-len 8193 \\"]
@@ -260,6 +264,10 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
     # (the 950 host's MOCK image lacks the d2t gate, vllm-ascend #11374).
     vocab = lines(train, r"--draft-vocab-size")
     assert vocab == ([] if group == "ascend-950" else ["--draft-vocab-size 32000"]), (group, vocab)
+    # Every prompt goes to the chat endpoint as the user message, templated once (serve_bench
+    # builds vllm bench serve's arguments, with --skip-chat-template).
+    assert "BENCH_OPTS=(--model Qwen/Qwen3-8B --tokenizer " in serve, group
+    assert "--backend" not in serve and "--dataset-name" not in serve, group
     # The measurement: the plain verifier, the trained draft and the yardstick, 3 rounds; each
     # on a device of its own where the host has one per server (the runbook's one-card A2 host
     # measures them one at a time).

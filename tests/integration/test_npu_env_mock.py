@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import yaml
+from specfleet_helpers.host import hccl_ports
 
 if TYPE_CHECKING:
     from conftest import MockNpuHost
@@ -29,6 +30,7 @@ MOCK_NPU_SMI = MOCK_NPU_DIR / "npu-smi"
 NPU_SMI_FIXTURES = HERE.parent / "fixtures" / "npu-smi"
 SPECULATORS = "speculators_install"
 SHIP_HELPERS = "Ship python_helpers to the host"
+HCCL_TASK = "Reserve HCCL's host ports where the kernel could hand them out"
 # Idempotence reruns allowed while others edit python_helpers/ concurrently.
 MAX_RERUNS = 3
 
@@ -183,6 +185,18 @@ def test_a2_idle_host_passes_and_records_the_npu_environment(npu_host: MockNpuHo
         npu_host.ports["specfleet_serve_port"],
         npu_host.ports["specfleet_data_port"],
     ]
+    # HCCL's 32 ports from 60000 are out of the kernel's reach (reserved by this run or an
+    # earlier one of this machine; the real sysctl), and kept across reboots where it wrote them.
+    reserved = Path("/proc/sys/net/ipv4/ip_local_reserved_ports").read_text()
+    assert all(
+        any(lo <= port <= hi for lo, hi in hccl_ports.parse_ranges(reserved))
+        for port in range(60000, 60032)
+    ), reserved
+    sysctl = npu_host.tmp / "sysctl.d" / "60-specfleet-hccl-ports.conf"
+    reserving = [e for e in result.events if e.get("event_data", {}).get("task") == HCCL_TASK]
+    assert reserving, "npu_env did not look at HCCL's ports"
+    if reserving[-1]["event_data"]["res"].get("changed"):
+        assert "60000-60031" in sysctl.read_text()
 
     # The wrapper sources the CANN scripts (and defines ZSH_VERSION for ATB's); with `all` it
     # leaves ASCEND_RT_VISIBLE_DEVICES unset, never empty.

@@ -13,7 +13,8 @@ export TORCHDYNAMO_DISABLE=1
 unset ASCEND_RT_VISIBLE_DEVICES
 # speculators logs metrics through rich: wide lines keep `val/loss_epoch=...` on one line.
 export COLUMNS=200
-export ASCEND_LAUNCH_BLOCKING=1
+# HCCL's host ports from here (npu_env keeps them out of the ephemeral range).
+export HCCL_IF_BASE_PORT=60000
 RUN=/var/lib/specfleet/run
 # NPU memory is not shared: an endpoint left serving (serve_mode service) holds the devices this
 # stage needs. It stops (its record kept); the serve stage deploys it again afterwards.
