@@ -43,8 +43,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specfleet_helpers.host import npu_memory
-
 __all__ = [
     "Chip",
     "NpuProcess",
@@ -845,22 +843,6 @@ def _process_memory(chips: list[Chip], processes: list[NpuProcess]) -> list[int]
     return listed
 
 
-def _memory_plan(chips: list[Chip], processes: list[NpuProcess]) -> dict[str, Any] | None:
-    """npu_memory.plan over the idle chips (no process listed: a server left running, the
-    service of an earlier run, must not shrink what the next one may take); None when no chip
-    is idle or none reports HBM."""
-    busy = {(p.npu_id, p.chip_id) for p in processes} | {(p.npu_id, None) for p in processes}
-    rows = [
-        {"hbm_total_mb": c.hbm_total_mb, "hbm_used_mb": c.hbm_used_mb}
-        for c in chips
-        if (c.npu_id, c.chip_id) not in busy and (c.npu_id, None) not in busy
-    ]
-    try:
-        return npu_memory.plan(rows, 1.0)
-    except ValueError:
-        return None
-
-
 def _dies_per_npu(chips: list[Chip]) -> int:
     counts: dict[int, int] = {}
     for chip in chips:
@@ -932,9 +914,6 @@ def summarize(
             for logic_id, chip in enumerate(chips)
         ],
         "hbm_total_mb_per_chip": max(hbm_totals) if hbm_totals else None,
-        # What a vLLM server may take here (npu_memory.plan with no cap): the share each chip
-        # can give beside what it holds now, and the context and batch for its HBM.
-        "memory": _memory_plan(chips, info.processes),
         "process_count": len(info.processes),
         "processes": [asdict(process) for process in info.processes],
         "truncated": info.truncated,
