@@ -15,11 +15,12 @@ In a run's first play, in order:
    live run's is waited for (`wait_s`), then the host stops with the holder named. A takeover
    and a work root directory whose mode was set again are reported as changes.
 3. the facts the stages read: `specfleet_session`, the session's record: what earlier runs
-   left (`stamps`, `failures`, the `verification` of the stamped stages, the checksums of the
-   play's `files`) and the run's own (`token`, `started`, `env`: how a helper runs on the host,
-   `lock_held`); and the first values of specfleet_stage_runs, specfleet_outputs (each stage's
-   declared outputs read from its stamp, plugins/filter/outputs.py) and specfleet_run_results,
-   which the stages update (docs/architecture.md, "Facts that cross roles").
+   left (`stamps`, `failures`, the `environment` npu_env recorded, the `verification` of the
+   stamped stages, the checksums of the play's `files`) and the run's own (`token`, `started`,
+   `env`: how a helper runs on the host, `lock_held`); and the first values of
+   specfleet_stage_runs, specfleet_outputs (each stage's declared outputs read from its stamp,
+   plugins/filter/outputs.py) and specfleet_run_results, which the stages update
+   (docs/architecture.md, "Facts that cross roles").
 
 A later play of the same run finds the session started and only refreshes the lock's
 heartbeat (a lock another controller took over as stale stops the host there).
@@ -162,6 +163,8 @@ class ActionModule(ActionBase):
                 "env": env,
                 "stamps": stamps,
                 "failures": state.get("failures") or {},
+                # npu_env.json as an earlier run's npu_env recorded it: the memory plan it keeps.
+                "environment": state.get("environment") or {},
                 "verification": opened.get("verification") or {},
                 "files": opened.get("files") or {},
                 "lock_held": not check_mode,

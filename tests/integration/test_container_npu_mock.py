@@ -6,7 +6,7 @@ image of its group that scripts/test-images builds (Python 3.12 at the image's p
 CANN env scripts, the preinstalled stack as metadata, torch/torch_npu stubs; no NPU):
 
   a2-mock    atlas-a2    podman  the runbook's one-card host (910B4)          image v0.23.0
-  a3-mock    atlas-a3    docker  16 dies (8 x Ascend910), all used            image v0.23.0-a3
+  a3-mock    atlas-a3    docker  16 dies (8 x Ascend910), all mounted         image v0.23.0-a3
   a950-mock  ascend-950  podman  3 x 950PR, two in Alarm: uses device 2 only  image v0.23.0-a5
 
 (docker falls back to podman when no dockerd answers, unless SPECFLEET_REQUIRE_CONTAINERS=1,
@@ -76,7 +76,7 @@ class MockHost:
     name: str
     group: str
     fixture: str
-    # npu-smi device ids the run uses (specfleet_npu_devices); `all`: every device listed
+    # npu-smi device ids made available (specfleet_npu_devices); `all`: every device listed
     devices: list[int] | str
     device_count: int
     tag_suffix: str
@@ -113,8 +113,16 @@ class MockHost:
         return self.tmp / "bin" / "npu-smi"
 
     @property
-    def used_ids(self) -> list[int]:
+    def mounted_ids(self) -> list[int]:
+        """The devices made available: mounted into the container, numbered 0.. there."""
         return list(range(self.device_count)) if self.devices == "all" else list(self.devices)
+
+    @property
+    def used_ids(self) -> list[int]:
+        """The first of them the stages use: serve's three servers measured together where
+        three are made available (a device each), else one (train's one rank, TP 1 servers)."""
+        mounted = self.mounted_ids
+        return mounted[: 3 if len(mounted) >= 3 else 1]
 
 
 def docker_cli() -> str:
@@ -215,7 +223,7 @@ class Fleet:
 
     def hostvars(self, host: MockHost) -> dict[str, Any]:
         driver = host.tmp / "driver"
-        devices = [f"/dev/null:/dev/davinci{i}" for i in host.used_ids] + [
+        devices = [f"/dev/null:/dev/davinci{i}" for i in host.mounted_ids] + [
             f"/dev/null:{d}" for d in ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
         ]
         return {
@@ -250,7 +258,7 @@ class Fleet:
             # the MOCK torch counts what the container was given (a real torch_npu sees the
             # mounted devices); a tmpfs of 64 GB is not what this machine should promise
             "npu_env_container_run_args": [
-                f"--env=MOCK_NPU_COUNT={len(host.used_ids)}",
+                f"--env=MOCK_NPU_COUNT={len(host.mounted_ids)}",
                 f"--env=MOCK_NPU_SOC_VERSION={host.soc_version}",
             ],
             "npu_env_container_shm_size": "1g",
@@ -417,7 +425,7 @@ def test_1_containers_run_the_group_images_with_the_used_devices(fleet: Fleet) -
         assert info["Image"].removeprefix("sha256:") == image_id(host, host.shared_image), name
         assert in_container(host, "cat", "/usr/local/Ascend/MOCK-FLAVOUR").strip() == host.flavour
         davinci = in_container(host, "sh", "-c", "ls /dev | grep -E '^davinci[0-9]+$' || true")
-        assert sorted(davinci.split()) == sorted(f"davinci{i}" for i in host.used_ids), name
+        assert sorted(davinci.split()) == sorted(f"davinci{i}" for i in host.mounted_ids), name
         # the host's npu-smi at the driver's path, printing the host's recorded output
         recorded = (NPU_SMI_FIXTURES / host.fixture).read_text()
         assert in_container(host, "/usr/local/bin/npu-smi", "info").rstrip() == recorded.rstrip()
@@ -445,8 +453,11 @@ def test_1_npu_env_passed_inside_each_container(fleet: Fleet) -> None:
         assert stack["executable"] == IMAGE_PYTHON, (name, stack)
         assert stack["python"].startswith("3.12."), (name, stack)
         assert stack["versions"]["torch_npu"] == MOCK_DISTRIBUTIONS["torch_npu"], (name, stack)
-        assert stack["npu_count"] == len(host.used_ids), (name, stack)
+        assert stack["npu_count"] == len(host.mounted_ids), (name, stack)
+        assert state["npu"]["available_device_ids"] == host.mounted_ids, (name, state["npu"])
         assert state["npu"]["used_device_ids"] == host.used_ids, (name, state["npu"])
+        # what the container calls them: 0.. in the order of their ids (a950-mock's device 2 is 0)
+        assert state["npu"]["stage_device_ids"] == list(range(len(host.used_ids))), name
 
 
 def test_1_speculators_install_ran_in_the_container_and_kept_the_image_stack(fleet: Fleet) -> None:

@@ -180,11 +180,12 @@ def lines(script: str, pattern: str) -> list[str]:
     return [line.strip() for line in script.splitlines() if re.search(pattern, line.strip())]
 
 
-# group -> (image tag suffix, devices used, ASCEND_RT_VISIBLE_DEVICES exported or None = unset)
+# group -> (image tag suffix, devices made available, ASCEND_RT_VISIBLE_DEVICES exported or
+# None = unset)
 EXPECTED = {
     "atlas-a2": ("", 1, "0"),
     "atlas-a3": ("-a3", 16, None),
-    "ascend-950": ("-a5", 8, None),
+    "ascend-950": ("-a5", 3, None),
 }
 
 
@@ -276,6 +277,34 @@ def test_group_facts_reach_the_npu_scripts(rendered: dict[str, dict[str, str]], 
     pinned = "plain) opts+=(--env ASCEND_RT_VISIBLE_DEVICES=1 --npu-devices 1) ;;"
     assert (pinned in serve) is together, group
     assert ('bench --round "$round" "$arm"' in serve) is not together, group
+
+
+@pytest.mark.parametrize("group", sorted(EXPECTED))
+def test_each_server_waits_on_its_own_device_as_named_where_it_runs(
+    rendered: dict[str, dict[str, str]], group: str
+) -> None:
+    """Every vLLM server is TP 1 on the first device the stages use: its memory wait watches
+    that device alone, not every device of the host. Its id is the one where the stages run:
+    the host's on the host runtime (a2: device 0), the container's on the container runtime,
+    which numbers the devices mounted into it from 0 (a3: all 16; 950: devices 4-6 of the
+    host, tests/golden/inventory.yml, are 0-2 in its container)."""
+    scripts = rendered[group]
+    # (data: the npu default, data_source smoke, starts no server)
+    for stage in ("hidden_states", "serve"):
+        assert lines(scripts[stage], r"^NPU_MEMORY_WAIT=") == [
+            "NPU_MEMORY_WAIT=(--npu-devices 0 --npu-memory-timeout 180)"
+        ], (group, stage)
+        waits = lines(scripts[stage], r"npu_memory wait ")
+        assert waits and all("--devices 0 " in line for line in waits), (group, stage)
+    # serve's servers measured together: one device each, the first three the stages use
+    arms = lines(scripts["serve"], r"^\w+\) opts\+=\(--env ASCEND_RT_VISIBLE_DEVICES=")
+    if group != "atlas-a2":
+        assert arms == [
+            f"{arm}) opts+=(--env ASCEND_RT_VISIBLE_DEVICES={i} --npu-devices {i}) ;;"
+            for i, arm in enumerate(("trained", "plain", "yardstick"))
+        ], (group, arms)
+    else:
+        assert arms == [], arms
 
 
 def test_the_groups_scripts_differ(rendered: dict[str, dict[str, str]]) -> None:

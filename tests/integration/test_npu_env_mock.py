@@ -38,6 +38,9 @@ A2_IDLE = "a2_910b4_8npu_idle_25.0.rc1.1.txt"
 A2_BOARD = "a2_910b4_info_t_board_i0_c0_ABRIDGED.txt"
 # The runbook's own host: one 910B4 (32 GB), npu-smi 26.x.
 A2_ONE_CARD = "a2_910b4_1npu_idle_26.0.rc1_container_pid_col.txt"
+# The same host with the DFlash endpoint (serve_mode service) serving on its only device: DERIVED
+# from the idle capture by adding the endpoint's process row (tests/fixtures/npu-smi/SOURCES.md).
+A2_ONE_CARD_SERVING = "a2_910b4_1npu_busy_26.0.rc1_container_pid_col_DERIVED.txt"
 A2_FOUR_CARDS = "a2_910b4_4npu_container_vllmworker_24.1.rc3.txt"
 A950_ALARM = "950pr_3npu_2alarm_2proc_25.7.rc1.txt"
 A3_PARTIAL = "a3_ascend910_2npu_4die_1proc_25.2.0.txt"
@@ -167,7 +170,13 @@ def test_a2_idle_host_passes_and_records_the_npu_environment(npu_host: MockNpuHo
     assert state["npu"]["hbm_total_mb"] == [32768] * 8
     assert state["npu"]["soc_version"] == "Ascend910B4"  # from the board query
     assert state["npu"]["devices_setting"] == "all"
-    assert state["npu"]["used_device_ids"] == list(range(8))
+    # all eight made available (torch sees them), the first three used: serve measures its three
+    # servers together, a device each; train's one rank and every other server take device 0.
+    assert state["npu"]["available_device_ids"] == list(range(8))
+    assert state["npu"]["used_device_ids"] == [0, 1, 2]
+    assert state["npu"]["stage_device_ids"] == [0, 1, 2]
+    assert [d["logic_id"] for d in state["npu"]["other_devices"]] == [3, 4, 5, 6, 7]
+    assert state["npu"]["memory"]["devices"] == [{"id": i, "hbm_total_mb": 32768} for i in range(3)]
     assert state["npu"]["visible_devices"] is None
     assert state["npu"]["image"] == IMAGE
     assert state["thresholds"]["min_devices"] == 1
@@ -368,6 +377,65 @@ def test_runbook_one_card_host_passes(npu_host: MockNpuHost) -> None:
     assert state["stack"]["npu_count"] == 1
 
 
+WRITE_STATE = "Write the environment state file and the stage environment wrapper"
+REPORT_DEVICES = "Report the devices and the memory plan"
+
+
+def test_one_card_host_keeps_its_memory_plan_while_the_endpoint_serves(
+    npu_host: MockNpuHost,
+) -> None:
+    """The runbook's one-card host, run twice: first idle, then with the DFlash endpoint a run
+    left serving on its only device (serve_mode service, the npu default). The endpoint's memory
+    is not the device's own (its redeploy takes it again): the second run keeps the memory plan
+    the first recorded, so serve's limits (inputs of the stage) stay the same, and npu_env.json
+    is not written again."""
+    first = npu_host.run(A2_ONE_CARD, group="atlas-a2", npu_count=1, soc_version=SOC_910B4)
+    assert not first.failed, first.failure_messages() or first.stdout[-4000:]
+    recorded = npu_host.state_file.read_bytes()
+    plan = json.loads(recorded)["npu"]["memory"]
+    assert plan == {
+        "devices": [{"id": 0, "hbm_total_mb": 32768}],
+        "hbm_total_mb": 32768,
+        "own_used_mb": 2871,
+        "gpu_memory_utilization": 0.88,
+        "max_model_len": 8192,
+        "max_num_batched_tokens": 4096,
+        "max_num_seqs": 128,
+    }
+    said = first.task_results(REPORT_DEVICES)[0]["msg"]
+    assert "Memory plan measured (no plan recorded yet): share 0.88, context 8192" in said, said
+
+    second = npu_host.run(A2_ONE_CARD_SERVING, group="atlas-a2", npu_count=1, soc_version=SOC_910B4)
+    assert not second.failed, second.failure_messages() or second.stdout[-4000:]
+    said = second.task_results(REPORT_DEVICES)[0]["msg"]
+    assert "27170 MB of it the processes listed: used" in said, said
+    assert "Memory plan kept the recorded plan" in said and "share 0.88, context 8192" in said, said
+    assert npu_host.state_file.read_bytes() == recorded
+    assert WRITE_STATE not in [task for task, _ in changed_tasks(second)], changed_tasks(second)
+
+
+def test_a_device_not_used_may_be_unhealthy(npu_host: MockNpuHost) -> None:
+    """950PR, NPU 0 in Alarm, NPU 2 healthy: with [2, 0] made available, the stages use device
+    2 alone (two devices do not hold serve's three servers, so one server at a time and train's
+    one rank), device 0 is reported and the host passes."""
+    result = npu_host.run(
+        A950_ALARM,
+        group="ascend-950",
+        npu_count=3,
+        overrides={"specfleet_npu_devices": [2, 0]},
+    )
+    assert not result.failed, result.failure_messages() or result.stdout[-4000:]
+    state = json.loads(npu_host.state_file.read_text())
+    assert state["npu"]["available_device_ids"] == [2, 0]
+    assert state["npu"]["used_device_ids"] == [2]
+    assert state["npu"]["health_ok"] is False
+    others = {d["logic_id"]: d["health"] for d in state["npu"]["other_devices"]}
+    assert others == {0: "Alarm", 1: "Alarm"}
+    said = result.task_results(REPORT_DEVICES)[0]["msg"]
+    assert "device 0 (NPU 0 chip 0) Alarm HBM 90633/114688 MB" in said, said
+    assert "MB of it the processes listed: not used" in said, said
+
+
 def test_one_device_of_eight_is_what_torch_is_compared_with(npu_host: MockNpuHost) -> None:
     """specfleet_npu_devices: [0] on an 8-card host: ASCEND_RT_VISIBLE_DEVICES=0 reaches
     torch (the mock then sees 1 of its 8 NPUs) and 1 is what the check expects; the wrapper
@@ -428,7 +496,8 @@ def test_a3_host_in_its_own_group_passes(npu_host: MockNpuHost) -> None:
     assert state["npu"]["family"] == "atlas-a3"
     assert state["npu"]["soc_version"] == "Ascend910_9392"
     assert state["npu"]["image"] == f"{IMAGE}-a3"
-    assert state["npu"]["used_device_ids"] == list(range(16))
+    assert state["npu"]["available_device_ids"] == list(range(16))
+    assert state["npu"]["used_device_ids"] == [0, 1, 2]
     assert state["stack"]["npu_count"] == 16
 
 

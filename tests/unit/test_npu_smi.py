@@ -96,6 +96,10 @@ INFO_FIXTURES = {
     "a2_910b3_8npu_1proc_26.1.0_container_pid_col.txt": (
         "26.1.0", list(range(8)), 8, ["910B3"], 1, 1, False, "atlas-a2"
     ),
+    # DERIVED from the idle one above (SOURCES.md): the endpoint's process on the only device.
+    "a2_910b4_1npu_busy_26.0.rc1_container_pid_col_DERIVED.txt": (
+        "26.0.rc1", [0], 1, ["910B4"], 1, 1, False, "atlas-a2"
+    ),
     "a2_910b2c_2npu_1proc_23.0.2.1_trailing_space.txt": (
         "23.0.2.1", [0, 1], 2, ["910B2C"], 1, 1, False, "atlas-a2"
     ),
@@ -321,6 +325,37 @@ def test_a2_26_1_container_pid_column() -> None:
             npu_id=0, chip_id=0, pid=485946, name="pytest", memory_mb=5175, container_pid=None
         )
     ]
+
+
+def test_a2_26_0_derived_busy_one_device() -> None:
+    """DERIVED (SOURCES.md): the runbook's one-card host with the endpoint serving on it."""
+    info = info_of("a2_910b4_1npu_busy_26.0.rc1_container_pid_col_DERIVED.txt")
+    assert hbm(chip(info, 0)) == (30092, 32768)
+    assert info.processes == [
+        NpuProcess(
+            npu_id=0, chip_id=0, pid=73514, name="VLLM::EngineCore", memory_mb=27170,
+            container_pid=None,
+        )
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "listed"),
+    [
+        # A2: the process row's NPU and chip name the die.
+        ("a2_910b3_8npu_1proc_26.1.0_container_pid_col.txt", [5175] + [0] * 7),
+        # One pid under two NPUs: each row counts where it is listed.
+        ("a2_910b4_4npu_container_vllmworker_24.1.rc3.txt", [27572, 27160, 27160, 27160]),
+        # A3: the process is on NPU 1's second die (chip 1), device 3.
+        ("a3_ascend910_2npu_4die_1proc_25.2.0.txt", [0, 0, 0, 7746]),
+        # 950: the table keys on the NPU only, which is one die.
+        ("950pr_3npu_2alarm_2proc_25.7.rc1.txt", [9452, 0, 0]),
+        ("a2_910b4_1npu_idle_26.0.rc1_container_pid_col.txt", [0]),
+    ],
+)
+def test_summary_counts_the_processes_memory_per_device(name: str, listed: list[int]) -> None:
+    chips = summarize(info_of(name))["chips"]
+    assert [c["process_memory_mb"] for c in chips] == listed
 
 
 def test_a2_910b2c_trailing_space_and_dash_closed_process_block() -> None:

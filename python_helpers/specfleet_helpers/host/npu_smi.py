@@ -43,8 +43,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specfleet_helpers.host import npu_memory
-
 __all__ = [
     "Chip",
     "NpuProcess",
@@ -823,20 +821,26 @@ def soc_version_from_board(board: dict[str, str]) -> str | None:
     return chip_name
 
 
-def _memory_plan(chips: list[Chip], processes: list[NpuProcess]) -> dict[str, Any] | None:
-    """npu_memory.plan over the idle chips (no process listed: a server left running, the
-    service of an earlier run, must not shrink what the next one may take); None when no chip
-    is idle or none reports HBM."""
-    busy = {(p.npu_id, p.chip_id) for p in processes} | {(p.npu_id, None) for p in processes}
-    rows = [
-        {"hbm_total_mb": c.hbm_total_mb, "hbm_used_mb": c.hbm_used_mb}
-        for c in chips
-        if (c.npu_id, c.chip_id) not in busy and (c.npu_id, None) not in busy
-    ]
-    try:
-        return npu_memory.plan(rows, 1.0)
-    except ValueError:
-        return None
+def _process_memory(chips: list[Chip], processes: list[NpuProcess]) -> list[int]:
+    """The memory (MB) of the processes listed on each chip, in chip order.
+
+    A process row names its die by NPU and chip id (A2, A3); the 950's table keys on the NPU
+    only, which is its one die. A row without a chip id on an NPU of several dies cannot be
+    placed on one, and counts on none. A row without a memory value counts 0.
+    """
+    listed = [0] * len(chips)
+    for process in processes:
+        if not process.memory_mb:
+            continue
+        dies = [
+            index
+            for index, chip in enumerate(chips)
+            if chip.npu_id == process.npu_id
+            and (process.chip_id is None or chip.chip_id == process.chip_id)
+        ]
+        if len(dies) == 1:
+            listed[dies[0]] += process.memory_mb
+    return listed
 
 
 def _dies_per_npu(chips: list[Chip]) -> int:
@@ -872,6 +876,7 @@ def summarize(
     families = {soc_family(soc, name, dies) for name in names} or {soc_family(soc, None, dies)}
     family = families.pop() if len(families) == 1 else FAMILY_OTHER
     hbm_totals = [chip.hbm_total_mb for chip in chips if chip.hbm_total_mb is not None]
+    listed = _process_memory(chips, info.processes)
     variant = soc_variant(soc, names) if family == FAMILY_950 else None
     return {
         "npu_smi_version": info.npu_smi_version,
@@ -902,13 +907,13 @@ def summarize(
                 "hbm_total_mb": chip.hbm_total_mb,
                 "memory_used_mb": chip.memory_used_mb,
                 "memory_total_mb": chip.memory_total_mb,
+                # What the processes npu-smi lists on this die hold of its HBM (npu_memory
+                # counts it as not the device's own: a server's, the service's).
+                "process_memory_mb": listed[logic_id],
             }
             for logic_id, chip in enumerate(chips)
         ],
         "hbm_total_mb_per_chip": max(hbm_totals) if hbm_totals else None,
-        # What a vLLM server may take here (npu_memory.plan with no cap): the share each chip
-        # can give beside what it holds now, and the context and batch for its HBM.
-        "memory": _memory_plan(chips, info.processes),
         "process_count": len(info.processes),
         "processes": [asdict(process) for process in info.processes],
         "truncated": info.truncated,

@@ -30,12 +30,12 @@ stop_endpoint() {
     *'"stopped": true'*) echo "==> stopped the serving endpoint: it holds the NPUs this stage needs (the serve stage deploys it again)" ;;
   esac
 }
-# vllm-ascend refuses to start while a device has less than total x utilisation free: a start
+# vllm-ascend refuses to start while its device has less than total x utilisation free: a start
 # given --npu-memory SHARE "${NPU_MEMORY_WAIT[@]}" waits, bounded, for the memory a server
-# stopped a moment ago held (the devices are named if it stays short).
-NPU_MEMORY_WAIT=(--npu-devices 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15 --npu-memory-timeout 180)
+# stopped a moment ago held on the device it runs on (named if it stays short).
+NPU_MEMORY_WAIT=(--npu-devices 0 --npu-memory-timeout 180)
 wait_npu_memory() {  # wait_npu_memory SHARE: the same wait, for a start that is not vllm_server's (a service's deploy)
-  "$PY" -m specfleet_helpers.host.npu_memory wait --utilization "$1" --devices 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15 --timeout 180
+  "$PY" -m specfleet_helpers.host.npu_memory wait --utilization "$1" --devices 0 --timeout 180
 }
 server() { vllm_server hidden_states "$@"; }  # server start|wait|watch|hold|stop [ARGS...]
 
