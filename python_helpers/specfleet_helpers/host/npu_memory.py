@@ -9,9 +9,13 @@ less than desired GPU memory utilization". What follows:
 * The devices (``devices``): the stages use the first N of the devices made available
   (specfleet_npu_devices: ``all`` or a list), N = what they need at once (train's ranks, serve's
   servers measured together, else 1: every server is TP 1); the others are only reported. A
-  device is named by npu-smi's logical id on the host; where the stages run it may be called
-  otherwise: a container numbers the devices mounted into it from 0, in ascending order of
-  their ids (``stage_id``), and its npu-smi and ASCEND_RT_VISIBLE_DEVICES use those numbers.
+  device is named by npu-smi's logical id on the host (its row in `npu-smi info`); where the
+  stages run it may be called otherwise (``stage_id``): in a container the CANN runtime numbers
+  the devices mounted into it from 0, in ascending order of their ids, and
+  ASCEND_RT_VISIBLE_DEVICES takes those numbers ("set ASCEND_RT_VISIBLE_DEVICES:4 error, input
+  data rang[0-2)" with two devices mounted); npu-smi inside lists only the devices mounted (under
+  their host NPU ids, as far as posted outputs show), so their rows, which npu_smi numbers, are
+  0.. as well.
 * The utilisation must leave room for what a device holds of its own: the runbook's idle
   910B4 shows 2922 of 32768 MB used, so 0.9 (29491 MB) leaves about 1 %, and 0.92 none.
   ``measure`` derives the utilisation, the context length and the batch from the HBM npu-smi
@@ -65,8 +69,9 @@ RUNTIMES = ("host", "container")
 def stage_id(device: int, available: Sequence[int], runtime: str) -> int:
     """What device `device` (npu-smi's logical id on the host) is called where the stages run:
     the same id on the host runtime; in the container runtime its position among the devices
-    mounted, which the container numbers from 0 in ascending order of their ids (npu-smi and
-    ASCEND_RT_VISIBLE_DEVICES inside it use those numbers)."""
+    mounted, which the container numbers from 0 in ascending order of their ids
+    (ASCEND_RT_VISIBLE_DEVICES inside it takes those numbers, and npu-smi there lists only
+    those devices, so its rows are numbered the same: the module docstring)."""
     if runtime == "host":
         return device
     return sorted(available).index(device)
