@@ -8,6 +8,7 @@ import json
 import os
 import re
 import socket
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,22 @@ def playbook_env() -> dict[str, str]:
     # inherited one, for playbooks started from inside another).
     env.pop("SPECFLEET_CONTROLLER_PID", None)
     return env
+
+
+def run_playbook(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess:
+    """`ansible-playbook ARGS` from the checkout, as a user starts it (playbook_env), its output
+    and errors as one text, nothing on stdin."""
+    return subprocess.run(
+        argv,
+        cwd=REPO,
+        env=playbook_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.2) -> Any:

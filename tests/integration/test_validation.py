@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from siteruns import HOST, Run, playbook_env, port_free, wait_for
+from siteruns import HOST, Run, port_free, run_playbook, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -95,17 +95,7 @@ class Pipeline:
         argv = [str(ANSIBLE_PLAYBOOK), str(playbook), "-i", str(INVENTORY)]
         argv += ["-e", json.dumps(extravars), *(["--tags", tags] if tags else [])]
         t0 = time.monotonic()
-        done = subprocess.run(
-            argv,
-            cwd=REPO,
-            env=playbook_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
+        done = run_playbook(argv, RUN_TIMEOUT_S)
         run = Run(label, done.returncode, done.stdout, time.monotonic() - t0, reports)
         (self.base / f"{label}.log").write_text(done.stdout)
         TIMINGS.append((label, run.seconds, f"rc={run.rc}"))
@@ -406,7 +396,8 @@ def test_f_service_left_serving_kept_by_a_no_op_back_after_a_kill_redeployed_on_
             wrapper.chmod(0o750)
         tests = broken.host()["artifact_tests"]
         assert broken.rc != 0 and tests["reused_from"] is None, (tests, broken.tail())
-        assert [f["test"] for f in tests["failures"]] == ["test_env_wrapper_runs_commands"]
+        # (the other tests that run commands through the wrapper fail with it)
+        assert "test_env_wrapper_runs_commands" in [f["test"] for f in tests["failures"]], tests
         # The work root made writable by others: the validation sets the mode again, says so,
         # and the suite runs again on the repaired root.
         primed.root.chmod(primed.root.stat().st_mode | 0o002)

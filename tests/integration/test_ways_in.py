@@ -26,12 +26,14 @@ import json
 import os
 import stat
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from siteruns import HOST, Run, free_port, playbook_env
+from siteruns import HOST, Run, free_port, run_playbook
 
 pytestmark = pytest.mark.integration
 
@@ -51,17 +53,7 @@ def validate(
     out = reports / label
     argv = [str(ANSIBLE_PLAYBOOK), str(playbook), "-i", str(inventory), *more]
     argv += ["-e", json.dumps({"specfleet_reports_dir": str(out)})]
-    done = subprocess.run(
-        argv,
-        cwd=REPO,
-        env=playbook_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
+    done = run_playbook(argv, RUN_TIMEOUT_S)
     (reports / f"{label}.log").write_text(done.stdout)
     return Run(label, done.returncode, done.stdout, 0.0, out)
 
@@ -176,6 +168,41 @@ def test_7_every_playbook_the_docs_name_runs_alone_and_changes_nothing(
     assert "is undefined" not in run.stdout, run.tail()
     # No failure record was left behind.
     assert not list((ROOT / "state").glob("*.failed.json"))
+
+
+def test_8_an_interrupted_runs_end_releases_its_lock_and_reports(reports: Path) -> None:
+    """playbooks/interrupted.yml, which the report_net callback runs after a Ctrl-C (with the
+    run's record), on the work root: the interrupted run's host lock is released (it held it)
+    and the report says where the run stopped. (The slow tier interrupts real runs.)"""
+    lock = ROOT / "run" / "lock.json"
+    token = "ways-in-interrupted"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python_helpers")}
+    owner = json.dumps({"controller": "ways-in", "pid": os.getpid(), "user": "root"})
+    taken = subprocess.run(
+        [sys.executable, "-m", "specfleet_helpers.host.host_lock", "acquire", f"--lock={lock}",
+         f"--token={token}", f"--owner={owner}"],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert taken.returncode == 0, taken.stdout + taken.stderr
+    record = {
+        "where": "play Run the stages, task Wait for train",
+        "hosts": {HOST: {"token": token, "started": time.time() - 60, "run": {}}},
+    }
+    try:
+        run = validate(
+            reports, "8-interrupted", INVENTORY, REPO / "playbooks" / "interrupted.yml",
+            "-e", json.dumps({"specfleet_interrupted": record}),
+        )  # fmt: skip
+        held = lock.exists() and json.loads(lock.read_text() or "{}").get("token") == token
+    finally:
+        # Whatever happened, make run's work root is left without this test's lock.
+        subprocess.run(
+            [sys.executable, "-m", "specfleet_helpers.host.host_lock", "release", f"--lock={lock}",
+             f"--token={token}"],
+            capture_output=True, env=env, check=False,
+        )  # fmt: skip
+    assert not held, run.tail()
+    assert run.fleet()["ended_early"] == f"interrupted at {record['where']}", run.tail()
 
 
 def test_6_an_unreachable_host_is_reported_beside_a_green_one(reports: Path) -> None:
