@@ -17,10 +17,10 @@ In a run's first play, in order:
 3. the facts the stages read: `specfleet_session`, the session's record: what earlier runs
    left (`stamps`, `failures`, the `environment` npu_env recorded, the `verification` of the
    stamped stages, the checksums of the play's `files`) and the run's own (`token`, `started`,
-   `env`: how a helper runs on the host, `lock_held`); and the first values of
-   specfleet_stage_runs, specfleet_outputs (each stage's declared outputs read from its stamp,
-   plugins/filter/outputs.py) and specfleet_run_results, which the stages update
-   (docs/architecture.md, "Facts that cross roles").
+   `env`: how a helper runs on the host, `lock_held`, the `restored_modes` of the layout it set
+   again); and the first values of specfleet_stage_runs, specfleet_outputs (each stage's
+   declared outputs read from its stamp, plugins/filter/outputs.py) and specfleet_run_results,
+   which the stages update (docs/architecture.md, "Facts that cross roles").
 
 A later play of the same run finds the session started and only refreshes the lock's
 heartbeat (a lock another controller took over as stale stops the host there).
@@ -168,6 +168,8 @@ class ActionModule(ActionBase):
                 "verification": opened.get("verification") or {},
                 "files": opened.get("files") or {},
                 "lock_held": not check_mode,
+                # The layout's directories whose mode was set again (the report's warnings).
+                "restored_modes": opened.get("restored_modes") or [],
             },
             "specfleet_run_results": task_vars.get("specfleet_run_results") or {},
             "specfleet_stage_runs": runs,

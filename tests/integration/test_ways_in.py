@@ -107,21 +107,26 @@ def test_1_a_healthy_work_root_is_green_with_a_report(reports: Path) -> None:
 
 
 def test_2_a_world_writable_directory_is_set_again_and_said(reports: Path) -> None:
-    target = ROOT / "hidden_states"
-    mode = stat.S_IMODE(target.stat().st_mode)
+    """A stage's directory (set again at the report's close) and one of the work root's layout
+    (set again when the session starts): both said, both among the report's warnings."""
+    target, layout = ROOT / "hidden_states", ROOT / "state"
+    mode, layout_mode = (stat.S_IMODE(p.stat().st_mode) for p in (target, layout))
     target.chmod(mode | stat.S_IWOTH)
+    layout.chmod(layout_mode | stat.S_IWOTH)
     try:
         run = validate(reports, "2-world-writable")
         assert run.rc == 0, run.tail()
         assert stat.S_IMODE(target.stat().st_mode) == mode, oct(target.stat().st_mode)
+        assert stat.S_IMODE(layout.stat().st_mode) == layout_mode, oct(layout.stat().st_mode)
         assert f"{target} ({mode | stat.S_IWOTH:04o} -> {mode:04o})" in run.text, run.tail()
         assert recap(run)["changed"] >= 1
         warnings = run.host()["summary"]["warnings"]
-        assert any(str(target) in w for w in warnings), warnings
+        assert any(str(target) in w and f"{layout} (" in w for w in warnings), warnings
         # The artifact suite ran on the repaired work root (its signature changed).
         assert run.host()["artifact_tests"]["ran"], run.host()["artifact_tests"]
     finally:
         target.chmod(mode)
+        layout.chmod(layout_mode)
     again = validate(reports, "2-again")
     assert again.rc == 0, again.tail()
     assert recap(again)["changed"] == 0, again.tail()
