@@ -57,9 +57,10 @@ from typing import Any
 from ansible.errors import AnsibleActionFail, AnsibleFileNotFound
 from ansible.module_utils.common.text.converters import to_text
 from ansible.plugins.action import ActionBase
-from ansible.plugins.filter.core import get_hash, to_json
+from ansible.plugins.filter.core import get_hash
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.compiled_once import compiled_once
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.fingerprint import fingerprint
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.rules import check_rules
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.templates import render_file
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.upstream import (
@@ -97,11 +98,6 @@ REQUIRED = {"stage", "inputs", "stamp", "state_dir", "python"}
 # Templated by the action once the stage's preconditions hold, not before the task: a refused
 # precondition names the setting, where templating what it guards could fail obscurely.
 LAZY = ("inputs", "script", "verifier", "unlisted")
-
-
-def fingerprint(inputs: Mapping[str, Any]) -> str:
-    """What `inputs | to_json(sort_keys=true) | hash('sha256')` gives: the stamps' fingerprint."""
-    return get_hash(to_json(inputs, sort_keys=True), "sha256")
 
 
 def changed_inputs(inputs: Mapping[str, Any], previous: Mapping[str, Any]) -> list[str]:
