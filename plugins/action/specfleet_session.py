@@ -54,6 +54,7 @@ from ansible.plugins.action import ActionBase
 from ansible_collections.specfleet.ascend.plugins.action.specfleet_command import shell_command
 from ansible_collections.specfleet.ascend.plugins.filter.outputs import stamps_outputs
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.tags import selected
 
 WHO = "specfleet_session"
 HELPERS = Path(__file__).resolve().parents[2] / "python_helpers"
@@ -64,7 +65,9 @@ OPTIONS: dict[str, type | tuple[type, ...]] = {
     "bundle": str,  # where the controller writes the helpers' zip
     "layout": list,  # the work root's directories
     "files": list,  # the files the play writes only when they changed (their sha1 and mode)
-    "verify": list,  # the stages whose stamps are verified now (the ones the run may skip)
+    # the stages the run may skip, whose stamps are verified now: those --tags lets run (the
+    # plan's rule, plugin_utils/tags.py)
+    "verify": list,
     "stale_after_s": int,  # specfleet_lock_stale_s
     "wait_s": int,  # specfleet_lock_wait_s
 }
@@ -76,6 +79,12 @@ HELD = 4
 def helpers_dir_on_path() -> None:
     if str(HELPERS) not in sys.path:
         sys.path.append(str(HELPERS))
+
+
+def to_verify(stages: list[str], task_vars: Mapping[str, Any]) -> list[str]:
+    """The stages whose stamps the session verifies ahead: of those the run may skip, the ones
+    --tags / --skip-tags let run (the plan decides those, and reuses the verification)."""
+    return [stage for stage in stages if selected([stage], task_vars)]
 
 
 def dead_owner(holder: Mapping[str, Any], token: str, controller: str) -> bool:
@@ -99,6 +108,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         args = self._options()
+        args["verify"] = to_verify(args["verify"], task_vars)
         check_mode = bool(self._task.check_mode)
         result["changed"] = False
         if task_vars.get("specfleet_session"):

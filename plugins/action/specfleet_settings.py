@@ -58,6 +58,7 @@ from ansible_collections.specfleet.ascend.plugins.plugin_utils.setting_names imp
     refusal,
     unknown_settings,
 )
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.tags import selected
 
 WHO = "specfleet_settings"
 OPTIONS = {"roles", "tags", "names"}
@@ -115,26 +116,6 @@ def spec_message(problems: Sequence[str], spec: Mapping[str, Mapping[str, Any]],
         f"{role} settings: {'; '.join(problems)}. Expected {expected}"
         f"see roles/{role}/meta/argument_specs.yml."
     )
-
-
-def selected(tags: list[str], task_vars: Mapping[str, Any]) -> bool:
-    """Whether --tags / --skip-tags let a task tagged `tags` run: Ansible's rules
-    (ansible.playbook.taggable.Taggable.evaluate_tags) for a task with tags."""
-    tagged = set(tags)
-    only = set(task_vars.get("ansible_run_tags") or ["all"])
-    skip = set(task_vars.get("ansible_skip_tags") or [])
-    run = (
-        "always" in tagged
-        or ("all" in only and "never" not in tagged)
-        or not tagged.isdisjoint(only)
-        or ("tagged" in only and "never" not in tagged)
-    )
-    if run and skip:
-        if "all" in skip:
-            run = "always" in tagged and "always" not in skip
-        elif not tagged.isdisjoint(skip) or "tagged" in skip:
-            run = False
-    return run
 
 
 class ActionModule(ActionBase):

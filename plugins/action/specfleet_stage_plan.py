@@ -41,13 +41,13 @@ from typing import Any
 
 from ansible.errors import AnsibleActionFail, AnsibleError
 from ansible.template import trust_as_template
-from ansible_collections.specfleet.ascend.plugins.action.specfleet_settings import selected
 from ansible_collections.specfleet.ascend.plugins.action.specfleet_stage_decide import (
     ActionModule as DecideAction,
 )
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.compiled_once import compiled_once
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.facts import set_facts
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.role_scope import role_scope
+from ansible_collections.specfleet.ascend.plugins.plugin_utils.tags import selected
 from ansible_collections.specfleet.ascend.plugins.plugin_utils.upstream import (
     find_upstream,
     pending_plan,

@@ -25,3 +25,20 @@ def test_a_live_process_another_controller_or_this_run_is_not_dead():
     assert not session.dead_owner(holder("mine", "here", 2**22 + 7), "mine", "here")
     assert not session.dead_owner(holder("other", "here", ""), "mine", "here")
     assert not session.dead_owner({}, "mine", "here")
+
+
+STAGES = ["models", "data", "train"]
+
+
+def test_the_stamps_verified_ahead_are_the_stages_tags_let_run():
+    """The plan's tag rule (plugin_utils/tags.py), not a copy of it: `--tags tagged` runs every
+    stage, so their stamps are verified ahead; a Jinja copy once verified none."""
+    assert session.to_verify(STAGES, {"ansible_run_tags": ["all"]}) == STAGES
+    assert session.to_verify(STAGES, {"ansible_run_tags": ["data"]}) == ["data"]
+    assert session.to_verify(STAGES, {"ansible_run_tags": ["validate"]}) == []
+    assert session.to_verify(STAGES, {"ansible_run_tags": ["tagged"]}) == STAGES
+    skipped = {"ansible_run_tags": ["all"], "ansible_skip_tags": ["data"]}
+    assert session.to_verify(STAGES, skipped) == ["models", "train"]
+    assert (
+        session.to_verify(STAGES, {"ansible_run_tags": ["all"], "ansible_skip_tags": ["all"]}) == []
+    )
