@@ -74,21 +74,37 @@ echo "==> wait for /health (up to 900s)"
 server wait --timeout 900
 
 echo "==> speculators generate-offline-data (10 rows, concurrency 4)"
-"$PY" -m speculators generate-offline-data \
-  --model /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B \
-  --endpoint "http://$HOST:$PORT/v1" \
-  --preprocessed-data /var/lib/specfleet/data/prepared \
-  --output "$OUT.tmp" \
-  --max-samples 10 \
-  --concurrency 4 \
-  --request-timeout 600 \
-  --validate-outputs \
-  --fail-on-error &
-client=$!
-# Should vLLM die (or hang) meanwhile, the client would retry against it: watch stops the
-# client and fails with the server's log tail; it also enforces the generation timeout.
-server watch --pid "$client" --timeout 3600 --tail 30
-wait "$client"
+# A run that fails is run again, up to 3 in all, while the server is healthy: speculators
+# resumes from the rows written (after each request it waits at most 10 s for the server's writer
+# to release the row's file lock, and aborts the run past that on a busy host or slow storage).
+attempt=1
+while :; do
+  "$PY" -m speculators generate-offline-data \
+    --model /root/.cache/modelscope/hub/models/Qwen/Qwen3-8B \
+    --endpoint "http://$HOST:$PORT/v1" \
+    --preprocessed-data /var/lib/specfleet/data/prepared \
+    --output "$OUT.tmp" \
+    --max-samples 10 \
+    --concurrency 4 \
+    --request-timeout 600 \
+    --validate-outputs \
+    --fail-on-error &
+  client=$!
+  # Should vLLM die (or hang) meanwhile, the client would retry against it: watch stops the
+  # client and fails with the server's log tail; it also enforces the generation timeout.
+  server watch --pid "$client" --timeout 3600 --tail 30
+  rc=0
+  wait "$client" || rc=$?
+  [ "$rc" -eq 0 ] && break
+  written=$(find "$OUT.tmp" -maxdepth 1 -name 'hs_*.safetensors' 2>/dev/null | wc -l)
+  if [ "$attempt" -ge 3 ]; then
+    echo "generate-offline-data failed (exit $rc) on attempt $attempt of 3, $written rows written: giving up (hidden_states_generate_attempts)" >&2
+    exit "$rc"
+  fi
+  attempt=$((attempt + 1))
+  echo "==> speculators generate-offline-data again (attempt $attempt of 3: the last exited $rc; resuming from the $written rows written)"
+  server wait --timeout 900
+done
 
 echo "==> stop vLLM"
 server stop
