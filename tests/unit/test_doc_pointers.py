@@ -5,6 +5,8 @@ nothing else notices; 17 files once sent readers to the wrong playbook for the s
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from pathlib import Path
 
@@ -30,6 +32,17 @@ BARE_YAML = re.compile(r"`([\w-]+\.ya?ml)`")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 # Paths written as a pattern or a placeholder (roles/<stage>/..., docs/*.md) name no one file.
 PLACEHOLDER = re.compile(r"[*<>{}]")
+
+
+@functools.cache
+def _yaml_names() -> frozenset[str]:
+    """The YAML file names of the source tree, walked once: the work root, caches, venvs and
+    .git (dot directories, gigabytes after `make run`) are not walked."""
+    names: set[str] = set()
+    for _top, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        names.update(f for f in files if f.endswith((".yml", ".yaml")))
+    return frozenset(names)
 
 
 def _text(doc: Path) -> str:
@@ -59,7 +72,7 @@ def _broken(doc: Path) -> list[str]:
             broken.append(target)
     for match in BARE_YAML.finditer(text):
         name = match.group(1)
-        if not any(p for p in REPO.glob(f"**/{name}") if ".git" not in p.parts):
+        if name not in _yaml_names():
             broken.append(name)
     return broken
 
